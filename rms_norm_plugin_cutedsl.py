@@ -1,0 +1,793 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""RMSNorm as a TensorRT Python plugin whose kernel is written in CuteDSL.
+
+What you will learn
+-------------------
+* How to write a memory-bound CuteDSL kernel (``@cute.kernel``) that reads every
+  byte once with 128-bit vector accesses, reduces in FP32 and casts on store.
+* How to compile it ahead of the first inference call with a ``@cute.jit``
+  launcher whose token count is a runtime ``Int32`` and whose stream is the one
+  TensorRT hands to ``enqueue``.
+* How to turn TensorRT's raw device pointers into CuTe tensors without a copy:
+  cupy ``UnownedMemory`` -> ``torch.as_tensor`` -> ``cute.runtime.from_dlpack``.
+* How to wrap that in an ``IPluginV3`` plugin and its ``IPluginCreatorV3One``,
+  build an engine with a dynamic token count through Polygraphy, save and load
+  it, and check it against NumPy.
+
+What it runs on
+---------------
+An NVIDIA GPU of compute capability 8.0 or newer (Ampere, Ada, Hopper,
+Blackwell), TensorRT 10.x or 11.x, CUDA 12 or 13, Python 3.10+.
+
+How to run it
+-------------
+    pip install -r requirements.txt          # CUDA 12; requirements-cu13.txt for CUDA 13
+    python3 rms_norm_plugin_cutedsl.py       # builds, runs 128/1/512/37 tokens, checks
+
+Exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment
+error (bad flag, no GPU, GPU older than SM80, missing package, unreadable
+engine). ``--help`` lists the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
+DEFAULT_EPSILON = 1e-5
+
+# The kernel half of the file needs CuteDSL, torch and cupy; TensorRT and
+# Polygraphy are only needed for the plugin and engine half. A user who lacks
+# a package gets one sentence and exit code 2 from main(); an importer (a test)
+# gets the ImportError.
+_MISSING = None
+try:
+    import cuda.bindings.driver as cuda
+    import cupy as cp
+    import torch
+
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+    from cutlass.cute.runtime import from_dlpack
+except ImportError as exc:  # pragma: no cover - exercised by running the script
+    if __name__ != "__main__":
+        raise
+    _MISSING = exc.name
+
+try:
+    import tensorrt as trt
+except ImportError:
+    trt = None  # main() refuses to run; the kernel half stays importable for tests
+
+
+# %% [1] NumPy reference ------------------------------------------------------
+#
+#   y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w
+#
+# computed in float64 from the same low-precision inputs the kernel reads, so
+# the only differences left are the kernel's FP32 arithmetic and its final
+# rounding to fp16/bf16.
+
+
+def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis, in float64."""
+    x64 = np.asarray(x, dtype=np.float64)
+    w64 = np.asarray(w, dtype=np.float64)
+    mean_sq = np.mean(x64 * x64, axis=-1, keepdims=True)
+    return x64 / np.sqrt(mean_sq + eps) * w64
+
+
+# %% [2] The CuteDSL kernel -----------------------------------------------------
+#
+# Memory-traffic model. RMSNorm does ~4 FLOPs per element and is bound by
+# memory: per call it reads N*H*2 bytes of X (fp16/bf16), H*4 bytes of the
+# FP32 weight, and writes N*H*2 bytes of Y. GB/s below always means
+#     (2*N*H*2 + H*4) / seconds.
+# The floor is a device-to-device copy of X into Y, so the kernel must read
+# each X element exactly once: a whole row lives in registers between the
+# reduction and the store.
+#
+# Work split. A row of H elements is cut into 16-byte vectors (8 fp16/bf16
+# values; fewer when H is not a multiple of 8). THREADS_PER_ROW threads share
+# a row and thread t owns vectors t, t+T, t+2T, ... so consecutive threads
+# touch consecutive 16-byte chunks (coalesced). Short rows share a CTA:
+#
+#      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
+#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load
+#                 \    \        /     /    /       /
+#                  partial sum of x^2 per thread (FP32)      <- Step 2
+#                  \___ warp butterfly shuffle ___/          <- Step 3a
+#                   [warp 0][warp 1]...  shared memory       <- Step 3b (rows > 32 threads)
+#                          row total                         <- Step 3c
+#                  rstd = rsqrt(total / H + eps)             <- Step 4
+#                  y = x * rstd * w, cast, 16-byte stores    <- Step 5
+
+VECTOR_BYTES = 16          # widest global load/store per thread (ld.global.v4.b32)
+SHORT_ROW_BYTES = 4096     # rows up to this size are latency-bound, longer ones bandwidth-bound
+MIN_CTA_THREADS = 128      # short rows are packed until a CTA has this many threads
+MAX_THREADS_PER_ROW = 1024  # one CTA per row at most
+MAX_HIDDEN = 32768         # 1024 threads x 4 vectors x 8 elements: the whole row fits in registers
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """How one hidden size maps onto threads; every field is a compile-time constant."""
+
+    hidden: int
+    vec: int              # elements per vector access
+    threads_per_row: int
+    rows_per_cta: int
+    vecs_per_thread: int
+    early_weight: bool    # load W together with X (short rows) or after the reduction (long rows)
+
+    @property
+    def cta_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_cta
+
+
+def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
+    """Choose vector width and thread split for a row of ``hidden`` elements.
+
+    Short rows are latency-bound: 2 vectors per thread keeps each thread's
+    chain of loads short, and W is fetched alongside X so both latencies
+    overlap. Long rows are bandwidth-bound: 4 vectors per thread keeps more
+    bytes in flight per thread, and W is fetched after the reduction so fewer
+    registers are live and more CTAs fit on each SM.
+    """
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"hidden_dim must be in [1, {MAX_HIDDEN}], got {hidden}")
+    vec = VECTOR_BYTES // elem_bytes
+    while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
+        vec //= 2
+    num_vecs = hidden // vec
+    short = hidden * elem_bytes <= SHORT_ROW_BYTES
+    per_thread = 2 if short else 4
+    threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_THREADS_PER_ROW)
+    rows = max(1, MIN_CTA_THREADS // threads)
+    return KernelPlan(hidden, vec, threads, rows, math.ceil(num_vecs / threads), early_weight=short)
+
+
+@cute.kernel
+def rms_norm_kernel(
+    mX: cute.Tensor,      # (num_tokens, (vec, num_vecs)) in X's dtype
+    mW: cute.Tensor,      # (vec, num_vecs) FP32
+    mY: cute.Tensor,      # like mX
+    num_tokens: Int32,
+    eps: Float32,
+    hidden: cutlass.Constexpr,
+    vec: cutlass.Constexpr,
+    threads_per_row: cutlass.Constexpr,
+    rows_per_cta: cutlass.Constexpr,
+    vecs_per_thread: cutlass.Constexpr,
+    early_weight: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    row_in_cta = tidx // threads_per_row
+    t = tidx % threads_per_row
+    row = bidx * rows_per_cta + row_in_cta
+    num_vecs = hidden // vec
+    row_ok = row < num_tokens
+    # Whether the last column of vectors is only partly owned (needs a predicate).
+    ragged = num_vecs % threads_per_row != 0
+
+    # Step 1: each thread loads its vectors of X (and, for short rows, of W)
+    # into registers. Out-of-range slots stay zero: they add nothing to the sum.
+    tXrX = cute.make_rmem_tensor((vec, vecs_per_thread), mX.element_type)
+    tWrW = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
+    tXrX.fill(0.0)
+    tWrW.fill(0.0)
+    for k in cutlass.range_constexpr(vecs_per_thread):
+        j = t + k * threads_per_row
+        if not ragged or j < num_vecs:
+            if cutlass.const_expr(early_weight):
+                cute.autovec_copy(mW[None, j], tWrW[None, k])
+            if row_ok:
+                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+
+    # Step 2: per-thread partial sum of squares, in FP32.
+    x = tXrX.load().to(Float32)
+    partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+
+    # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
+    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(threads_per_row, 32))
+    if cutlass.const_expr(threads_per_row > 32):
+        # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
+        warps_per_row = threads_per_row // 32
+        smem = cutlass.memory.SmemAllocator()
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rows_per_cta)), 16)
+        warp_in_row = t // 32
+        if t % 32 == 0:
+            sSum[warp_in_row, row_in_cta] = total
+        cute.arch.barrier()
+        # Step 3c: every thread adds the row's warp sums (a handful of smem reads, no 2nd barrier).
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(warps_per_row):
+            total = total + sSum[w, row_in_cta]
+
+    # Step 4: one reciprocal square root per row.
+    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)  # 1/hidden folds to a constant
+
+    # Step 5: scale in FP32, cast once, store with the same vectors that were loaded.
+    if cutlass.const_expr(not early_weight):
+        for k in cutlass.range_constexpr(vecs_per_thread):
+            j = t + k * threads_per_row
+            if not ragged or j < num_vecs:
+                cute.autovec_copy(mW[None, j], tWrW[None, k])
+    tYrY = cute.make_rmem_tensor((vec, vecs_per_thread), mY.element_type)
+    tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
+    if row_ok:
+        for k in cutlass.range_constexpr(vecs_per_thread):
+            j = t + k * threads_per_row
+            if not ragged or j < num_vecs:
+                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
+
+
+# %% [3] The @cute.jit launcher -------------------------------------------------
+#
+# Baked in at compile time: X/Y dtype, hidden size (and with it the plan:
+# vector width, threads per row, rows per CTA) and the 16-byte alignment of
+# the three base pointers. Runtime arguments: the three tensors' addresses,
+# num_tokens, epsilon and the stream. One compiled kernel therefore serves
+# every token count of the optimization profile and every epsilon.
+
+
+@cute.jit
+def rms_norm_launch(
+    mX: cute.Tensor,
+    mW: cute.Tensor,
+    mY: cute.Tensor,
+    num_tokens: Int32,
+    eps: Float32,
+    stream: cuda.CUstream,
+    hidden: cutlass.Constexpr,
+):
+    plan = plan_kernel(hidden, mX.element_type.width // 8)
+    num_vecs = hidden // plan.vec
+    # Re-describe the buffers with a static row stride and a (vec, num_vecs)
+    # split of each row: with the base 16-byte aligned and the stride a multiple
+    # of vec, the compiler can prove every vector access is aligned and emits
+    # 128-bit loads and stores.
+    rows = cute.make_layout((num_tokens, (plan.vec, num_vecs)), stride=(hidden, (1, plan.vec)))
+    x = cute.make_tensor(mX.iterator, rows)
+    y = cute.make_tensor(mY.iterator, rows)
+    w = cute.make_tensor(mW.iterator, cute.make_layout((plan.vec, num_vecs), stride=(1, plan.vec)))
+    rms_norm_kernel(
+        x, w, y, num_tokens, eps,
+        hidden, plan.vec, plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread,
+        plan.early_weight,
+    ).launch(
+        grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1],
+        block=[plan.cta_threads, 1, 1],
+        stream=stream,
+    )
+
+
+_CUTE_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
+_COMPILED: dict = {}
+_COMPILE_LOCK = threading.Lock()
+
+
+def compile_rms_norm(dtype: str, hidden: int, arch: str | None = None, *, keep_ptx: bool = False):
+    """Compile the launcher for one dtype and hidden size, once per process.
+
+    The cache key is exactly what the compiled code bakes in: dtype, hidden
+    and the GPU architecture. ``arch`` (e.g. ``"sm_90a"``) compiles without a
+    GPU; ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache
+    and returns a fresh compilation whose ``__ptx__`` holds the PTX (CuteDSL
+    also writes it to ``CUTE_DSL_DUMP_DIR``, by default the working directory).
+    """
+    plan_kernel(hidden)  # a clear ValueError before any tracing
+    if dtype not in _CUTE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_CUTE_DTYPES)}, got {dtype!r}")
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    key = (dtype, hidden, arch)
+    with _COMPILE_LOCK:
+        if keep_ptx or key not in _COMPILED:
+            elem = getattr(cutlass, _CUTE_DTYPES[dtype])
+            tokens = cute.sym_int32()
+            fake = cute.runtime.make_fake_compact_tensor
+            fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
+            fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
+            fake_w = fake(Float32, (hidden,), assumed_align=16)
+            compiled = cute.compile(
+                rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), Float32(1e-5),
+                cute.runtime.make_fake_stream(), hidden,
+                options=f"--gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else ""),
+            )
+            if keep_ptx:
+                return compiled
+            _COMPILED[key] = compiled
+        return _COMPILED[key]
+
+
+
+def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EPSILON, out=None):
+    """The kernel on torch CUDA tensors, on torch's current stream: the same code path without TensorRT."""
+    out = torch.empty_like(x) if out is None else out
+    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1])
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    x2, y2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
+    kernel(from_dlpack(x2, assumed_align=VECTOR_BYTES), from_dlpack(w, assumed_align=VECTOR_BYTES),
+           from_dlpack(y2, assumed_align=VECTOR_BYTES), x2.shape[0], eps, stream)
+    return out
+
+# %% [4] Zero-copy handoff: TensorRT's raw pointers -> CuTe tensors -------------
+#
+# TensorRT gives enqueue() plain integers (device addresses). Three hops turn
+# one into something the compiled launcher accepts, without copying a byte:
+#   1. cupy.cuda.UnownedMemory wraps the address as device memory that cupy
+#      must not free (TensorRT owns it); a cupy ndarray gives it shape and dtype.
+#   2. torch.as_tensor reads cupy's __cuda_array_interface__ and returns a
+#      torch view of the same memory.
+#   3. cute.runtime.from_dlpack takes torch's DLPack capsule (with stream=-1,
+#      so no cross-stream synchronization is inserted) and returns a CuTe
+#      tensor; assumed_align=16 promises the 16-byte alignment the kernel was
+#      compiled for (TensorRT allocates plugin I/O with 256-byte alignment;
+#      enqueue checks it anyway).
+# cupy has no bfloat16 dtype. bf16 data is wrapped as int16 (same width, the
+# bits are never interpreted) and reinterpreted in torch with .view(bfloat16),
+# which changes the dtype tag only.
+
+_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32} if _MISSING is None else {}
+_CUPY_CARRIER = {"float16": "float16", "bfloat16": "int16", "float32": "float32"}
+
+
+def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: int):
+    """Wrap a device address TensorRT owns as a CuTe tensor (no copy, no sync)."""
+    if address % VECTOR_BYTES:
+        raise ValueError(f"RmsNormPlugin needs {VECTOR_BYTES}-byte aligned buffers, got address {address:#x}")
+    carrier = np.dtype(_CUPY_CARRIER[dtype])
+    nbytes = int(np.prod(shape)) * carrier.itemsize
+    memory = cp.cuda.UnownedMemory(address, nbytes, owner=None, device_id=device_id)  # hop 1
+    array = cp.ndarray(shape, dtype=carrier, memptr=cp.cuda.MemoryPointer(memory, 0))
+    view = torch.as_tensor(array, device=f"cuda:{device_id}")                       # hop 2
+    if dtype == "bfloat16":
+        view = view.view(torch.bfloat16)
+    return from_dlpack(view, assumed_align=VECTOR_BYTES)                             # hop 3
+
+
+# %% [5] The plugin: IPluginV3 with the OneCore / OneBuild / OneRuntime interfaces
+#
+# TensorRT talks to a V3 plugin through three capability interfaces; a Python
+# plugin usually implements all of them on one class and returns itself from
+# get_capability_interface. Build time: get_output_data_types,
+# get_output_shapes, supports_format_combination, configure_plugin,
+# get_workspace_size, get_fields_to_serialize. Run time: the engine's stored
+# fields go to the creator, then attach_to_context, on_shape_change, enqueue.
+
+PLUGIN_NAME = "RmsNormPlugin"
+PLUGIN_VERSION = "1"      # bump whenever the serialized fields change
+PLUGIN_NAMESPACE = ""
+
+if trt is not None:
+    _PLUGIN_BASES = (trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime)
+    _CREATOR_BASES = (trt.IPluginCreatorV3One,)
+else:  # without TensorRT the classes exist but main() never reaches them
+    _PLUGIN_BASES = _CREATOR_BASES = (object,)
+
+
+def validate_epsilon(value) -> float:
+    """Return epsilon as the float32 value the kernel will use, or raise ValueError."""
+    try:
+        eps = float(np.float32(value))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be a number, got {value!r}") from None
+    if not (math.isfinite(eps) and eps > 0.0):
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be finite and > 0 in float32, got {value!r}")
+    return eps
+
+
+def _io_dtype(trt_type) -> str:
+    """Name of a TensorRT activation dtype this kernel handles, or raise ValueError."""
+    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+    if trt_type not in names:
+        raise ValueError(f"{PLUGIN_NAME}: X must be float16 or bfloat16, got {trt_type}")
+    return names[trt_type]
+
+
+class RmsNormPlugin(*_PLUGIN_BASES):
+    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis of X [num_tokens, hidden]."""
+
+    def __init__(self, epsilon: float = DEFAULT_EPSILON):
+        for base in _PLUGIN_BASES:
+            base.__init__(self)
+        self.plugin_name = PLUGIN_NAME
+        self.plugin_version = PLUGIN_VERSION
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.num_outputs = 1
+        self.epsilon = validate_epsilon(epsilon)
+        # trt.PluginField does not own its numpy buffer and TensorRT reads it
+        # after get_fields_to_serialize returns: the array lives as long as the plugin.
+        self._epsilon_buffer = np.array([self.epsilon], dtype=np.float32)
+        self._fields = trt.PluginFieldCollection(
+            [trt.PluginField("epsilon", self._epsilon_buffer, trt.PluginFieldType.FLOAT32)]
+        )
+        # Run-time state of one execution context; never serialized, never shared.
+        self._kernel = None      # compiled launcher, set by on_shape_change
+        self._io = None          # (dtype, hidden) the kernel was compiled for
+        self._device = None
+        self._launch_args = {}   # (x, w, y addresses, num_tokens) -> launcher arguments
+        self._streams = {}       # raw stream handle -> cuda.CUstream
+
+    # -- IPluginV3 / IPluginV3OneCore ------------------------------------------------
+    def get_capability_interface(self, type):
+        """Build and run time: TensorRT asks for each interface; this class is all three."""
+        return self
+
+    def clone(self):
+        """Build and run time: a new plugin with the same attributes and empty run-time state."""
+        return RmsNormPlugin(self.epsilon)
+
+    # -- IPluginV3OneBuild -------------------------------------------------------------
+    def get_output_data_types(self, input_types):
+        """Build time (network construction): Y has X's dtype; X must be fp16/bf16, W fp32."""
+        _io_dtype(input_types[0])
+        if input_types[1] != trt.DataType.FLOAT:
+            raise ValueError(f"{PLUGIN_NAME}: W must be float32, got {input_types[1]}")
+        return [input_types[0]]
+
+    def get_output_shapes(self, inputs, shape_inputs, expr_builder):
+        """Build time: Y has X's symbolic shape; checks ranks and that hidden is static and matches W."""
+        if len(inputs) != 2 or inputs[0].nbDims != 2 or inputs[1].nbDims != 1:
+            raise ValueError(f"{PLUGIN_NAME}: expects X [num_tokens, hidden] and W [hidden]")
+        x_hidden, w_hidden = inputs[0][1], inputs[1][0]
+        if not x_hidden.is_constant():
+            raise ValueError(f"{PLUGIN_NAME}: the hidden dimension of X must be static (it is compiled into the kernel)")
+        hidden = x_hidden.get_constant_value()
+        if w_hidden.is_constant() and w_hidden.get_constant_value() != hidden:
+            raise ValueError(f"{PLUGIN_NAME}: X hidden {hidden} != W size {w_hidden.get_constant_value()}")
+        if not 1 <= hidden <= MAX_HIDDEN:
+            raise ValueError(f"{PLUGIN_NAME}: hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
+        return [trt.DimsExprs(inputs[0])]
+
+    def supports_format_combination(self, pos, in_out, num_inputs):
+        """Build time, per I/O slot: linear fp16/bf16 X and Y of one dtype, linear fp32 W."""
+        desc = in_out[pos].desc
+        if desc.format != trt.TensorFormat.LINEAR:
+            return False
+        if pos == 0:
+            return desc.type in (trt.DataType.HALF, trt.DataType.BF16)
+        if pos == 1:
+            return desc.type == trt.DataType.FLOAT
+        return desc.type == in_out[0].desc.type
+
+    def configure_plugin(self, inp, out):
+        """Build time, once formats and the profile's min/opt/max are chosen: nothing to set up."""
+
+    def get_workspace_size(self, inp, out):
+        """Build time: no scratch memory; the reduction lives in registers and shared memory."""
+        return 0
+
+    def get_valid_tactics(self):
+        """Build time: a single implementation, so no tactics to time."""
+        return []
+
+    def set_tactic(self, tactic):
+        """Build and run time: nothing to select (see get_valid_tactics)."""
+
+    def get_fields_to_serialize(self):
+        """Build time (and on engine save): the only attribute stored in the engine is epsilon."""
+        return self._fields
+
+    # -- IPluginV3OneRuntime -----------------------------------------------------------
+    def attach_to_context(self, context):
+        """Run time, once per execution context: an independent clone owns that context's caches."""
+        return self.clone()
+
+    def on_shape_change(self, inp, out):
+        """Run time, before the first enqueue and whenever shapes change: compile here, never in enqueue."""
+        io = (_io_dtype(inp[0].type), inp[0].dims[1])
+        if io != self._io:
+            self._kernel = compile_rms_norm(*io)
+            self._io = io
+            self._device = torch.cuda.current_device()
+            self._launch_args.clear()
+
+    def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
+        """Run time, every inference: marshal the pointers and launch on TensorRT's stream."""
+        num_tokens = input_desc[0].dims[0]
+        key = (inputs[0], inputs[1], outputs[0], num_tokens)
+        args = self._launch_args.get(key)
+        if args is None:  # TensorRT usually reuses the same buffers: wrap them once
+            args = self._wrap_buffers(*key)
+        cu_stream = self._streams.get(stream)
+        if cu_stream is None:
+            cu_stream = self._streams[stream] = cuda.CUstream(stream)
+        self._kernel(*args, cu_stream)
+
+    def _wrap_buffers(self, x_ptr, w_ptr, y_ptr, num_tokens):
+        """The three-hop handoff for one set of addresses, cached for later enqueues."""
+        dtype, hidden = self._io
+        if len(self._launch_args) >= 256:  # addresses that change every call must not grow the cache
+            self._launch_args.clear()
+        args = (
+            cute_tensor_from_pointer(x_ptr, (num_tokens, hidden), dtype, self._device),
+            cute_tensor_from_pointer(w_ptr, (hidden,), "float32", self._device),
+            cute_tensor_from_pointer(y_ptr, (num_tokens, hidden), dtype, self._device),
+            num_tokens,
+            self.epsilon,
+        )
+        self._launch_args[(x_ptr, w_ptr, y_ptr, num_tokens)] = args
+        return args
+
+
+class RmsNormPluginCreator(*_CREATOR_BASES):
+    """Makes RmsNormPlugin from fields: at network build time and when an engine is deserialized."""
+
+    def __init__(self):
+        for base in _CREATOR_BASES:
+            base.__init__(self)
+        self.name = PLUGIN_NAME
+        self.plugin_version = PLUGIN_VERSION
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self._default_epsilon = np.array([DEFAULT_EPSILON], dtype=np.float32)  # kept alive, see RmsNormPlugin
+        self.field_names = trt.PluginFieldCollection(
+            [trt.PluginField("epsilon", self._default_epsilon, trt.PluginFieldType.FLOAT32)]
+        )
+
+    def create_plugin(self, name, field_collection, phase):
+        """Build time (network/ONNX import) and run time (engine load): parse and check 'epsilon'."""
+        return RmsNormPlugin(parse_epsilon_field(field_collection))
+
+
+def parse_epsilon_field(field_collection) -> float:
+    """Read the one required FLOAT32 field 'epsilon'; raise ValueError naming the problem."""
+    fields = {f.name: f for f in field_collection}
+    if "epsilon" not in fields:
+        raise ValueError(f"{PLUGIN_NAME}: required field 'epsilon' is missing (got {sorted(fields) or 'no fields'})")
+    field = fields["epsilon"]
+    if field.type != trt.PluginFieldType.FLOAT32:
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be FLOAT32, got {field.type}")
+    raw = np.asarray(field.data)
+    values = raw.reshape(-1) if raw.dtype == np.float32 else np.frombuffer(raw.tobytes(), np.uint8)
+    if raw.dtype != np.float32 and values.size % 4 == 0:  # some bindings hand over raw bytes
+        values = values.view(np.float32)
+    if values.dtype != np.float32 or values.size != 1:
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must hold exactly one float32 value, got {raw!r}")
+    return validate_epsilon(values[0])
+
+
+_CREATOR = None
+
+
+def register_creator():
+    """Put the creator in TensorRT's registry (idempotent). Required before building or loading."""
+    global _CREATOR
+    registry = trt.get_plugin_registry()
+    if registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
+        _CREATOR = RmsNormPluginCreator()  # the registry does not keep the Python object alive
+        registry.register_creator(_CREATOR, PLUGIN_NAMESPACE)
+    return registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+
+
+# %% [6] Engine: build with Polygraphy, or load a saved one ---------------------
+#
+# X [num_tokens, hidden] and W [hidden] are network inputs, so one engine
+# normalizes any activations with any weight. num_tokens is dynamic over the
+# optimization profile; hidden is static because it is compiled into the
+# kernel. The network is strongly typed (TensorRT 11 has no other kind):
+# tensor dtypes come from the inputs and get_output_data_types, not from
+# builder precision flags.
+
+
+def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float):
+    """Build a one-layer engine around the plugin, created through the registry as TensorRT would."""
+    from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
+
+    creator = register_creator()
+    eps_field = np.array([epsilon], dtype=np.float32)
+    fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
+    plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
+
+    builder, network = create_network(strongly_typed=True)
+    trt_dtype = {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype]
+    x = network.add_input("X", trt_dtype, (-1, hidden))
+    w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
+    y = network.add_plugin_v3([x, w], [], plugin).get_output(0)
+    y.name = "Y"
+    network.mark_output(y)
+    profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
+    return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+
+
+def load_engine(path: str):
+    """Deserialize an engine; the creator must be registered first, as the engine holds only epsilon.
+
+    TensorRT stores a Python plugin in the engine by name, version, namespace
+    and serialized fields; the code lives in this file. That is why trtexec, a
+    C++ program with no Python interpreter and no such creator in its registry,
+    cannot load the engine: deserialization stops at the unknown plugin.
+    """
+    from polygraphy.backend.trt import get_trt_logger
+
+    register_creator()
+    with open(path, "rb") as f:
+        data = f.read()
+    engine = trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
+    if engine is None:
+        raise EngineLoadError(
+            f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT version "
+            f"for this GPU with plugin {PLUGIN_NAME} v{PLUGIN_VERSION}; delete it to rebuild"
+        )
+    return engine
+
+
+class EngineLoadError(RuntimeError):
+    """A saved engine that cannot be used; main() turns it into exit code 2."""
+
+
+def engine_io(engine):
+    """(dtype, hidden, (min, opt, max) tokens) of an engine built by build_engine."""
+    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+    dtype = names.get(engine.get_tensor_dtype("X"))
+    hidden = engine.get_tensor_shape("X")[1]
+    profile = engine.get_tensor_profile_shape("X", 0)
+    return dtype, hidden, tuple(shape[0] for shape in profile)
+
+
+# %% [7] Run and check ----------------------------------------------------------
+#
+# Tolerance. The kernel computes in FP32 and rounds once to the output dtype,
+# so it may differ from the float64 reference by half a unit in the last place
+# of the output plus FP32 noise (rsqrt.approx is within 2 ulp of FP32). One
+# ulp of the output dtype relative to |ref| (fp16: 2^-10, bf16: 2^-7) is
+# therefore a safe bound that still catches any real error; the absolute
+# term only covers fp16 subnormals near zero.
+
+TOLERANCE = {"float16": (2.0 ** -10, 1e-6), "bfloat16": (2.0 ** -7, 1e-6)}  # (rtol, atol)
+
+
+def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int):
+    """Random X (rounded to dtype) and W (fp32), deterministic in seed, on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=gen).to(_TORCH_DTYPES[dtype])
+    w = torch.rand(hidden, generator=gen) * 2.0 - 0.5
+    return x, w
+
+
+def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dtype: str):
+    """(all within tolerance, max abs error) of y against the float64 reference."""
+    ref = rms_norm_reference(x, w, epsilon)
+    rtol, atol = TOLERANCE[dtype]
+    err = np.abs(y.astype(np.float64) - ref)
+    ok = bool(np.all(np.isfinite(y)) and np.all(err <= atol + rtol * np.abs(ref)))
+    return ok, float(np.max(err, initial=0.0))
+
+
+def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
+    """Run each token count through one execution context and compare with NumPy."""
+    from polygraphy.backend.trt import TrtRunner
+
+    all_ok = True
+    with TrtRunner(engine) as runner:
+        for i, n in enumerate(token_counts):
+            x, w = make_inputs(n, hidden, dtype, seed + i)
+            feed = {"X": x.cuda(), "W": w.cuda()}
+            # TrtRunner enqueues on its own stream, not torch's: finish the uploads first.
+            torch.cuda.synchronize()
+            y = runner.infer(feed, copy_outputs_to_host=True)["Y"]
+            y = y.float().cpu().numpy() if torch.is_tensor(y) else np.asarray(y, dtype=np.float32)
+            ok, err = check_output(y, x.float().numpy(), w.numpy(), epsilon, dtype)
+            print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
+            all_ok &= ok
+    return all_ok
+
+
+# %% [8] Command line -----------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A problem the user can fix; main() prints it as one sentence and exits 2."""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        """One sentence on stderr and exit code 2, instead of argparse's usage dump."""
+        self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
+
+
+def parse_args(argv=None):
+    parser = _ArgumentParser(
+        description="Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.",
+        epilog="exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment error",
+    )
+    parser.add_argument("--hidden-dim", type=int, default=1024, help="hidden size H, static in the engine (default 1024)")
+    parser.add_argument("--num-tokens", type=int, default=128, help="tokens in the main run (default 128)")
+    parser.add_argument("--min-tokens", type=int, default=1, help="profile minimum (default 1)")
+    parser.add_argument("--opt-tokens", type=int, default=128, help="profile optimum (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="profile maximum (default 512)")
+    parser.add_argument("--dtype", choices=sorted(_CUTE_DTYPES), default="float16", help="X/Y dtype (default float16)")
+    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
+    parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists, else build and save it there")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.hidden_dim <= MAX_HIDDEN:
+        parser.error(f"--hidden-dim must be in [1, {MAX_HIDDEN}], got {args.hidden_dim}")
+    if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
+        parser.error(
+            f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, "
+            f"got {args.min_tokens}, {args.opt_tokens}, {args.max_tokens}"
+        )
+    if not args.min_tokens <= args.num_tokens <= args.max_tokens:
+        parser.error(f"--num-tokens {args.num_tokens} is outside the profile [{args.min_tokens}, {args.max_tokens}]")
+    try:
+        validate_epsilon(args.epsilon)
+    except ValueError:
+        parser.error(f"--epsilon must be finite and > 0, got {args.epsilon}")
+    return args
+
+
+def check_environment():
+    """Raise UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
+    if not torch.cuda.is_available():
+        raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU of compute capability 8.0 or newer")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        raise UsageError(
+            f"{torch.cuda.get_device_name()} has compute capability {major}.{minor}; "
+            "the CuteDSL kernel needs 8.0 (Ampere) or newer"
+        )
+    if trt is None:
+        raise UsageError("TensorRT is not installed; install it with `pip install -r requirements.txt`")
+    try:
+        import polygraphy.backend.trt  # noqa: F401
+    except ImportError:
+        raise UsageError("Polygraphy is not installed; install it with `pip install -r requirements.txt`") from None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        check_environment()
+        if args.engine and os.path.exists(args.engine):
+            engine = load_engine(args.engine)
+            built = engine_io(engine)
+            wanted = (args.dtype, args.hidden_dim, (args.min_tokens, args.opt_tokens, args.max_tokens))
+            if built != wanted:
+                raise UsageError(
+                    f"engine '{args.engine}' was built for dtype, hidden, profile = {built}, not {wanted}; "
+                    "pass matching flags or delete the file to rebuild"
+                )
+            print(f"Loaded engine from {args.engine}")
+        else:
+            engine = build_engine(
+                args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon
+            )
+            if args.engine:
+                with open(args.engine, "wb") as f:
+                    f.write(engine.serialize())
+                print(f"Saved engine to {args.engine}")
+    except (UsageError, EngineLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    # The main run first, then the profile's edges and an odd count, one context.
+    odd = 37 if args.min_tokens <= 37 <= args.max_tokens else args.max_tokens - 1
+    counts = list(dict.fromkeys(c for c in (args.num_tokens, args.min_tokens, args.max_tokens, odd) if c >= args.min_tokens))
+    print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+          f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+    if run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed):
+        print("Inference result correct!")
+        return EXIT_CORRECT
+    print("Inference result incorrect!")
+    return EXIT_INCORRECT
+
+
+if __name__ == "__main__":
+    if _MISSING is not None:
+        print(f"error: Python package '{_MISSING}' is missing; install the sample's packages with "
+              "`pip install -r requirements.txt`", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""GPU: the CuteDSL kernel against the NumPy reference over odd and large shapes."""
+
+import numpy as np
+import pytest
+
+import rms_norm_plugin_cutedsl as sample
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = [1, 2, 37, 128, 511, 512, 4096]
+HIDDEN = [1, 8, 100, 256, 1000, 1024, 4096, 8192, 16384]
+
+
+def _run(x, w, eps):
+    import torch
+
+    y = torch.full_like(x, float("nan"))  # poison: an unwritten element fails the check
+    sample.rms_norm_torch(x, w, eps, out=y)
+    torch.cuda.synchronize()
+    return y.float().cpu().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_kernel_matches_numpy(tokens, hidden, dtype):
+    x, w = sample.make_inputs(tokens, hidden, dtype, seed=tokens * 7919 + hidden)
+    y = _run(x.cuda(), w.cuda(), 1e-5)
+    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), 1e-5, dtype)
+    assert ok, f"max abs error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_zero_rows_give_zeros(dtype):
+    x, w = sample.make_inputs(64, 1024, dtype, seed=1)
+    x[5] = 0
+    y = _run(x.cuda(), w.cuda(), 1e-5)
+    assert np.all(y[5] == 0)
+    assert np.isfinite(y).all()
+
+
+# fp16's largest value, and a bf16 value whose square summed over 1024 columns
+# still fits FP32 (sqrt(FLT_MAX / 1024) ~ 5.8e17; see README "Limitations").
+@pytest.mark.parametrize("dtype,big", [("float16", 65504.0), ("bfloat16", 1.0e17)])
+def test_large_magnitudes_are_correct(dtype, big):
+    x, w = sample.make_inputs(8, 1024, dtype, seed=2)
+    x[0] = big
+    x[1, ::2] = -big
+    y = _run(x.cuda(), w.cuda(), 1e-5)
+    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), 1e-5, dtype)
+    assert ok, f"max abs error {err:.3e}"
+
+
+def test_nan_row_leaves_other_rows_correct():
+    x, w = sample.make_inputs(16, 1000, "float16", seed=3)
+    x[3, 10] = float("nan")
+    x[9, 0] = float("inf")
+    y = _run(x.cuda(), w.cuda(), 1e-5)
+    good = [i for i in range(16) if i not in (3, 9)]
+    ok, err = sample.check_output(y[good], x[good].float().numpy(), w.numpy(), 1e-5, "float16")
+    assert ok, err
+
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-6, 1e-3, 1e-1])
+def test_epsilon_range_and_odd_weights(eps):
+    x, w = sample.make_inputs(37, 100, "bfloat16", seed=4)
+    w[::3] = 0.0
+    w[1::3] = -w[1::3].abs() - 0.5
+    x[0] = x[0] * 1e-3  # small rows make epsilon matter
+    y = _run(x.cuda(), w.cuda(), eps)
+    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), eps, "bfloat16")
+    assert ok, err
