@@ -45,10 +45,8 @@ EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
 DEFAULT_EPSILON = 1e-5
 
 # The kernel half of the file needs CuteDSL, torch and cupy; TensorRT and
-# Polygraphy are only needed for the plugin and engine half. A user who lacks
-# a package gets one sentence and exit code 2 from main(); an importer (a test)
-# gets the ImportError.
-_MISSING = None
+# Polygraphy only the plugin and engine half. Run as a script, a missing
+# package is one sentence and exit code 2; imported (by a test), an ImportError.
 try:
     import cuda.bindings.driver as cuda
     import cupy as cp
@@ -58,10 +56,12 @@ try:
     import cutlass.cute as cute
     from cutlass import Float32, Int32
     from cutlass.cute.runtime import from_dlpack
-except ImportError as exc:  # pragma: no cover - exercised by running the script
+except ImportError as exc:
     if __name__ != "__main__":
         raise
-    _MISSING = exc.name
+    print(f"error: Python package '{exc.name}' is missing; install the sample's packages with "
+          "`pip install -r requirements.txt`", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
 
 try:
     import tensorrt as trt
@@ -340,7 +340,7 @@ def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EP
 # bits are never interpreted) and reinterpreted in torch with .view(bfloat16),
 # which changes the dtype tag only.
 
-_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32} if _MISSING is None else {}
+_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _CUPY_CARRIER = {"float16": "float16", "bfloat16": "int16", "float32": "float32"}
 
 
@@ -618,8 +618,9 @@ def load_engine(path: str):
     engine = trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
     if engine is None:
         raise EngineLoadError(
-            f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT version "
-            f"for this GPU with plugin {PLUGIN_NAME} v{PLUGIN_VERSION}; delete it to rebuild"
+            f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT version and GPU, "
+            f"or it needs a plugin other than {PLUGIN_NAME} v{PLUGIN_VERSION} (whose creator this file "
+            "registers first); delete the file to rebuild"
         )
     return engine
 
@@ -786,8 +787,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if _MISSING is not None:
-        print(f"error: Python package '{_MISSING}' is missing; install the sample's packages with "
-              "`pip install -r requirements.txt`", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
     sys.exit(main())

@@ -1,0 +1,216 @@
+"""Build one engine around RmsNormPlugin with TensorRT-RTX on the CPU and report what happened.
+
+Why TensorRT-RTX: full TensorRT cannot be installed on the CI machine (no GPU,
+no TensorRT wheel), but TensorRT-RTX (``tensorrt_rtx``) is a TensorRT-family
+builder whose Python bindings expose the same plugin API and whose builder
+runs on the CPU. It is used here as a stand-in *builder*: the sample is
+imported with ``tensorrt_rtx`` aliased as ``tensorrt``, so the sample's real
+plugin and creator classes are driven by a real TensorRT-family engine
+builder. Nothing here runs a kernel.
+
+Run by tests/test_rtx_build_contract.py as a subprocess, because
+
+* the ONNX parser dlopens the unversioned ``libtensorrt_rtx.so``, which the
+  wheel lacks: the parent puts a directory holding a symlink
+  ``libtensorrt_rtx.so -> libtensorrt_rtx.so.1`` on ``LD_LIBRARY_PATH``
+  (without it the process dies with ``terminate called without an active
+  exception``);
+* exceptions raised in Python plugin methods are printed by the bindings to
+  stderr (``[ERROR] Exception caught in <method>(): ...``), which the parent
+  captures.
+
+Usage:  python tests/rtx_build_worker.py '<json spec>'
+
+Spec keys (all optional):
+    dtype            "float16" (default), "bfloat16" or "float32": dtype of X and Y
+    x_hidden         last dimension of X (default 1024)
+    w_hidden         size of W (default 1024)
+    x_rank           rank of X (default 2); extra middle dimensions are 2
+    epsilon          value of the node's 'epsilon' attribute (default 1e-5);
+                     null leaves the attribute out; "nan"/"inf" are accepted
+    epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int"
+    profile          [min, opt, max] token counts for X (default [1, 128, 512])
+    buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
+                     PluginField over a temporary array) plus allocator churn,
+                     to show the engine-record check catches a dangling buffer
+
+Prints exactly one line on stdout: a JSON object with
+    parse_ok, parser_errors, build_ok, engine_size, epsilon_record_found,
+    epsilon_records (float32 values stored after each b"epsilon\\0" name),
+    configure_plugin (per call: inputs/outputs with min/opt/max dims and type),
+    logger_errors.
+Failures are reported in that object; the worker itself exits 0.
+"""
+
+import json
+import math
+import os
+import pathlib
+import struct
+import sys
+import tempfile
+
+import numpy as np
+
+TESTS_DIR = pathlib.Path(__file__).resolve().parent
+
+DEFAULTS = dict(
+    dtype="float16", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
+    profile=[1, 128, 512], buggy_serialize=False,
+)
+
+
+def load_sample_with_rtx():
+    """Import the sample with tensorrt_rtx standing in as `tensorrt` (as conftest.load_sample does)."""
+    import tensorrt_rtx
+
+    sys.path.insert(0, str(TESTS_DIR))
+    from conftest import load_sample
+
+    sys.modules["tensorrt"] = tensorrt_rtx  # for this whole process: the sample and this worker agree
+    return tensorrt_rtx, load_sample(tensorrt_rtx, "rms_norm_plugin_cutedsl")
+
+
+def epsilon_record(eps: float) -> bytes:
+    """How a one-value FLOAT32 field named 'epsilon' is laid out in a TensorRT-RTX engine.
+
+    b"epsilon\\0", u32 length (1), u32 PluginFieldType (FLOAT32 == 1), the float32 value.
+    """
+    return b"epsilon\0" + struct.pack("<IIf", 1, 1, np.float32(eps))
+
+
+def stored_epsilons(engine: bytes) -> list:
+    """The float32 after every b"epsilon\\0" that is followed by (length 1, FLOAT32)."""
+    values, start = [], 0
+    while (at := engine.find(b"epsilon\0", start)) >= 0:
+        start = at + 1
+        head = engine[at + 8: at + 20]
+        if len(head) == 12:
+            length, ftype, value = struct.unpack("<IIf", head)
+            if (length, ftype) == (1, 1):
+                values.append(value)
+    return values
+
+
+def write_onnx(path: str, spec: dict) -> None:
+    """One RmsNormPlugin node: X (graph input) and W (initializer) -> Y."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float32": TensorProto.FLOAT}[spec["dtype"]]
+    x_shape = ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [spec["x_hidden"]]
+    x = helper.make_tensor_value_info("X", elem, x_shape)
+    y = helper.make_tensor_value_info("Y", elem, x_shape)
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, spec["w_hidden"], dtype=np.float32), "W")
+
+    attrs = {"plugin_version": "1", "plugin_namespace": ""}
+    eps = spec["epsilon"]
+    if eps is not None:
+        eps = float(eps)  # also turns "nan"/"inf" into floats
+        attrs["epsilon"] = {"float": eps, "floats": [eps, eps], "int": int(eps) if math.isfinite(eps) else 1}[
+            spec["epsilon_type"]]
+    node = helper.make_node("RmsNormPlugin", ["X", "W"], ["Y"], name="rms_norm", **attrs)
+    graph = helper.make_graph([node], "rms_norm", [x], [y], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def dims(d) -> list:
+    return [int(v) for v in d]
+
+
+def record_configure_plugin(sample, calls: list) -> None:
+    """Wrap RmsNormPlugin.configure_plugin so every call is recorded; the real method still runs."""
+    real = sample.RmsNormPlugin.configure_plugin
+
+    def describe(descs):
+        return [{"min": dims(d.min), "opt": dims(d.opt), "max": dims(d.max), "type": str(d.desc.type)} for d in descs]
+
+    def configure_plugin(self, inp, out):
+        calls.append({"inputs": describe(inp), "outputs": describe(out)})
+        return real(self, inp, out)
+
+    sample.RmsNormPlugin.configure_plugin = configure_plugin
+
+
+def install_buggy_serialize(sample, trt) -> None:
+    """The bug the engine-record check exists for: PluginField keeps only a pointer to a temporary."""
+
+    def get_fields_to_serialize(self):
+        fields = trt.PluginFieldCollection([
+            trt.PluginField("epsilon", np.array([self.epsilon], dtype=np.float32), trt.PluginFieldType.FLOAT32)])
+        junk = [np.full(1, 12345.0 + i, dtype=np.float32) for i in range(64)]  # reuse the freed memory
+        del junk
+        return fields
+
+    sample.RmsNormPlugin.get_fields_to_serialize = get_fields_to_serialize
+
+
+def build(spec: dict) -> dict:
+    trt, sample = load_sample_with_rtx()
+    result = {"parse_ok": False, "parser_errors": [], "build_ok": False, "engine_size": 0,
+              "epsilon_record_found": False, "epsilon_records": [], "configure_plugin": [], "logger_errors": []}
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                result["logger_errors"].append(msg)
+
+    logger = Logger()
+    sample.register_creator()
+    record_configure_plugin(sample, result["configure_plugin"])
+    if spec["buggy_serialize"]:
+        install_buggy_serialize(sample, trt)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.path.join(tmp, "rms_norm.onnx")
+        write_onnx(onnx_path, spec)
+        builder = trt.Builder(logger)
+        network = builder.create_network(0)
+        parser = trt.OnnxParser(network, logger)
+        with open(onnx_path, "rb") as f:
+            result["parse_ok"] = bool(parser.parse(f.read()))
+    result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
+    if not result["parse_ok"]:
+        return result
+
+    config = builder.create_builder_config()
+    # An explicit target: ComputeCapability.CURRENT needs a GPU and aborts the process without one.
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(trt.ComputeCapability.SM80, 0)
+    lo, opt, hi = spec["profile"]
+    middle = [2] * (spec["x_rank"] - 2)
+    profile = builder.create_optimization_profile()
+    profile.set_shape("X", [lo, *middle, spec["x_hidden"]], [opt, *middle, spec["x_hidden"]],
+                      [hi, *middle, spec["x_hidden"]])
+    config.add_optimization_profile(profile)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        return result
+
+    engine = bytes(blob)
+    result["build_ok"] = True
+    result["engine_size"] = len(engine)
+    if spec["epsilon"] is not None:
+        result["epsilon_record_found"] = epsilon_record(float(spec["epsilon"])) in engine
+    result["epsilon_records"] = stored_epsilons(engine)
+    return result
+
+
+def main(argv) -> int:
+    spec = dict(DEFAULTS, **(json.loads(argv[1]) if len(argv) > 1 else {}))
+    unknown = set(spec) - set(DEFAULTS)
+    if unknown:
+        raise SystemExit(f"unknown spec keys: {sorted(unknown)}")
+    result = build(spec)
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

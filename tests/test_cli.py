@@ -1,0 +1,78 @@
+"""CPU: the script run as a user runs it, on a machine without a GPU or with bad flags.
+
+Every user error must end in one sentence on stderr and the documented exit
+code (2), never a traceback.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SAMPLE_PATH
+
+EXIT_USAGE = 2
+
+
+def run_script(*args, prelude=None):
+    if prelude is None:
+        cmd = [sys.executable, str(SAMPLE_PATH), *args]
+    else:  # run the file as __main__ after `prelude`, e.g. to hide a package
+        code = f"{prelude}\nimport runpy, sys\nsys.argv = [{str(SAMPLE_PATH)!r}, *{list(args)!r}]\n" \
+               f"runpy.run_path({str(SAMPLE_PATH)!r}, run_name='__main__')"
+        cmd = [sys.executable, "-c", code]
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_one_sentence(stderr, *needles):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    assert lines[0].startswith("error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_without_a_gpu_the_script_says_so_and_exits_2():
+    code, out, err = run_script()
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "no CUDA GPU", "8.0")
+    assert "Inference result" not in out
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--num-tokens", "600"], "outside the profile [1, 512]"),
+        (["--num-tokens", "0"], "outside the profile"),
+        (["--min-tokens", "200", "--opt-tokens", "100"], "--min-tokens <= --opt-tokens"),
+        (["--opt-tokens", "600"], "--opt-tokens <= --max-tokens"),
+        (["--epsilon", "0"], "--epsilon"),
+        (["--epsilon", "-1e-5"], "--epsilon"),
+        (["--epsilon", "nan"], "--epsilon"),
+        (["--epsilon", "inf"], "--epsilon"),
+        (["--hidden-dim", "0"], "--hidden-dim"),
+        (["--hidden-dim", "40000"], "--hidden-dim"),
+        (["--dtype", "float32"], "--dtype"),
+        (["--num-tokens", "many"], "--num-tokens"),
+    ],
+)
+def test_bad_flags_get_one_sentence_and_exit_2(args, needle):
+    code, _, err = run_script(*args)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, needle)
+
+
+@pytest.mark.parametrize("package", ["cupy", "torch", "cutlass"])
+def test_missing_package_names_it_and_exits_2(package):
+    code, _, err = run_script(prelude=f"import sys; sys.modules[{package!r}] = None")
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, f"'{package}'", "requirements.txt")
+
+
+def test_help_documents_the_exit_codes():
+    code, out, _ = run_script("--help")
+    assert code == 0
+    assert "0 every run matched NumPy, 1 a run did not, 2 usage or environment error" in " ".join(out.split())

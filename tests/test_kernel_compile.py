@@ -1,0 +1,80 @@
+"""CPU: the CuteDSL kernel compiles without a GPU, and its PTX has the shape we designed for.
+
+CuteDSL can target an architecture named on the command line (--gpu-arch),
+so these tests read the PTX that the H200 (sm_90a) and Ampere (sm_80) would run.
+"""
+
+import re
+
+import pytest
+
+import rms_norm_plugin_cutedsl as sample
+
+HIDDEN = [1, 7, 100, 256, 1000, 1024, 4096, 8192, 16384]
+ARCHES = ["sm_80", "sm_90a"]
+
+
+@pytest.fixture(autouse=True)
+def _ptx_to_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # CuteDSL writes kept PTX files to the working directory
+
+
+def ptx_of(dtype, hidden, arch):
+    return sample.compile_rms_norm(dtype, hidden, arch, keep_ptx=True).__ptx__
+
+
+def global_accesses(ptx):
+    return set(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_kernel_compiles_for_target(arch, dtype, hidden):
+    ptx = ptx_of(dtype, hidden, arch)
+    assert re.search(rf"^\.target {arch}\b", ptx, re.M), "compiled for the wrong architecture"
+    assert "rsqrt.approx.f32" in ptx, "one FP32 reciprocal square root per row"
+    assert any(a.startswith("st.global") for a in global_accesses(ptx))
+    plan = sample.plan_kernel(hidden)
+    assert ("bar.sync" in ptx or "barrier.sync" in ptx) == (plan.threads_per_row > 32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", [256, 1000, 1024, 4096, 8192, 16384])
+def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
+    """hidden % 8 == 0: every X/Y access is one 16-byte vector and W is read 16 bytes at a time."""
+    accesses = global_accesses(ptx_of(dtype, hidden, "sm_90a"))
+    assert accesses == {"ld.global.v4.b32", "st.global.v4.b32"}, accesses
+
+
+def test_sum_of_squares_is_accumulated_in_fp32():
+    ptx = ptx_of("bfloat16", 4096, "sm_90a")
+    assert re.search(r"\bfma\.rn\.f32\b|\bmul\.rn\.f32\b|\badd\.rn\.f32\b|\bmul\.f32\b|\badd\.f32\b", ptx)
+    assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.bf16.f32" in ptx, "cast to bf16 happens once, on store"
+
+
+def test_reduction_uses_warp_shuffles():
+    ptx = ptx_of("float16", 1024, "sm_90a")
+    assert "shfl.sync.bfly.b32" in ptx
+
+
+@pytest.mark.parametrize("hidden,vec", [(1, 1), (7, 1), (6, 2), (100, 4), (1000, 8), (16384, 8)])
+def test_plan_picks_the_widest_vector_that_divides_the_row(hidden, vec):
+    plan = sample.plan_kernel(hidden)
+    assert plan.vec == vec
+    assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= hidden  # the row is covered
+    assert plan.cta_threads <= 1024
+
+
+@pytest.mark.parametrize("hidden", [0, -1, sample.MAX_HIDDEN + 1])
+def test_out_of_range_hidden_is_refused(hidden):
+    with pytest.raises(ValueError, match="hidden"):
+        sample.plan_kernel(hidden)
+
+
+def test_every_baked_in_value_is_in_the_compile_cache_key():
+    a = sample.compile_rms_norm("float16", 1024, "sm_90a")
+    assert sample.compile_rms_norm("float16", 1024, "sm_90a") is a
+    assert sample.compile_rms_norm("bfloat16", 1024, "sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1000, "sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1024, "sm_80") is not a
