@@ -97,17 +97,18 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 # reduction and the store.
 #
 # Work split. A row of H elements is cut into 16-byte vectors (8 fp16/bf16
-# values; fewer when H is not a multiple of 8). THREADS_PER_ROW threads share
-# a row and thread t owns vectors t, t+T, t+2T, ... so consecutive threads
-# touch consecutive 16-byte chunks (coalesced). Short rows share a CTA:
+# values; fewer when H is not a multiple of 8). T = threads_per_row threads
+# share a row and thread t owns vectors t, t+T, t+2T, ... so neighbouring
+# threads touch neighbouring 16-byte chunks (coalesced). Short rows share a
+# CTA (rows_per_cta rows side by side); plan_kernel() picks T and says why.
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
-#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load
+#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X (and W)
 #                 \    \        /     /    /       /
 #                  partial sum of x^2 per thread (FP32)      <- Step 2
 #                  \___ warp butterfly shuffle ___/          <- Step 3a
-#                   [warp 0][warp 1]...  shared memory       <- Step 3b (rows > 32 threads)
-#                          row total                         <- Step 3c
+#                   [warp 0][warp 1]...  shared memory       <- Step 3b (T > 32 only)
+#                          row total in every thread         <- Step 3c
 #                  rstd = rsqrt(total / H + eps)             <- Step 4
 #                  y = x * rstd * w, cast, 16-byte stores    <- Step 5
 

@@ -1,0 +1,188 @@
+"""CPU: the plugin's build-time contract, checked by a real TensorRT-family builder.
+
+Full TensorRT cannot be installed on the CI machine, so TensorRT-RTX
+(``tensorrt_rtx``, whose builder runs without a GPU) stands in as the
+builder: tests/rtx_build_worker.py imports the sample with ``tensorrt_rtx`` as
+its ``tensorrt``, parses a one-node ONNX model whose op is RmsNormPlugin,
+builds a serialized engine for SM80 and reports back in one JSON line. Each
+build runs in its own process (see the worker's docstring for why); they run
+in parallel, once per session, and the tests below read the results.
+
+What is checked:
+* fp16 and bf16 engines build; the optimization profile reaches configure_plugin;
+* the engine stores epsilon as the exact float32 the user asked for. This is
+  also the dangling-buffer check: trt.PluginField does not own its numpy array,
+  so a plugin that serializes from a temporary array stores garbage
+  (test_engine_record_check_catches_a_dangling_field_buffer shows it does);
+* unsupported inputs and bad epsilon attributes are refused with the sample's
+  own message, and never crash the process.
+"""
+
+import concurrent.futures
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+WORKER = pathlib.Path(__file__).resolve().parent / "rtx_build_worker.py"
+HIDDEN = 1024
+SMALL_EPS = 3.0517578e-05   # 2**-15: not the default, and exact in float32
+ROUND_EPS = 0.125
+
+# name -> worker spec (see rtx_build_worker.py); every one is built once per session.
+BUILDS = {
+    "fp16": dict(dtype="float16", epsilon=SMALL_EPS),
+    "bf16": dict(dtype="bfloat16", epsilon=ROUND_EPS),
+    "odd_profile": dict(dtype="float16", profile=[3, 37, 511]),
+    "x_float32": dict(dtype="float32"),
+    "hidden_mismatch": dict(x_hidden=1024, w_hidden=512),
+    "x_rank3": dict(x_rank=3),
+    "epsilon_missing": dict(epsilon=None),
+    "epsilon_zero": dict(epsilon=0.0),
+    "epsilon_negative": dict(epsilon=-1e-5),
+    "epsilon_nan": dict(epsilon="nan"),
+    "epsilon_int": dict(epsilon=1, epsilon_type="int"),
+    "epsilon_two_values": dict(epsilon=1e-5, epsilon_type="floats"),
+    "buggy_serialize": dict(epsilon=SMALL_EPS, buggy_serialize=True),
+}
+
+
+@pytest.fixture(scope="session")
+def rtx_lib_dir(tmp_path_factory):
+    """A directory with libtensorrt_rtx.so -> the wheel's libtensorrt_rtx.so.1 (the ONNX parser dlopens the former)."""
+    pytest.importorskip("tensorrt_rtx")
+    spec = importlib.util.find_spec("tensorrt_rtx_libs")  # locates the wheel without loading its libraries
+    if spec is None or spec.origin is None:
+        pytest.skip("tensorrt_rtx_libs (the TensorRT-RTX library wheel) is not installed")
+    so1 = pathlib.Path(spec.origin).parent / "libtensorrt_rtx.so.1"
+    if not so1.exists():
+        pytest.skip(f"{so1} does not exist")
+    lib_dir = tmp_path_factory.mktemp("rtx_libs")
+    (lib_dir / "libtensorrt_rtx.so").symlink_to(so1)
+    return lib_dir
+
+
+class Build:
+    """One worker run: its exit code, the JSON it printed (None if it printed none) and its stderr."""
+
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.returncode = proc.returncode
+        self.stdout, self.stderr = proc.stdout, proc.stderr
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        self.result = json.loads(lines[-1]) if lines else None
+
+    def __getitem__(self, key):
+        assert self.result is not None, f"the worker printed no result:\n{self.stdout}\n{self.stderr}"
+        return self.result[key]
+
+    def messages(self) -> str:
+        """Everything TensorRT and the plugin said about a failure: stderr, parser and logger errors."""
+        return "\n".join([self.stderr, *self["parser_errors"], *self["logger_errors"]])
+
+    def configure_inputs(self):
+        """(min, opt, max) per input, as configure_plugin saw them in its last call."""
+        calls = self["configure_plugin"]
+        assert calls, "configure_plugin was never called"
+        return [(tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in calls[-1]["inputs"]]
+
+
+def run_worker(lib_dir, spec) -> Build:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir), env.get("LD_LIBRARY_PATH")]))
+    proc = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    return Build(proc)
+
+
+@pytest.fixture(scope="session")
+def builds(rtx_lib_dir):
+    """Every configuration in BUILDS, built in parallel worker processes."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        futures = {name: pool.submit(run_worker, rtx_lib_dir, spec) for name, spec in BUILDS.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+# -- engines that must build -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, eps, trt_type",
+    [("fp16", SMALL_EPS, "DataType.HALF"), ("bf16", ROUND_EPS, "DataType.BF16")],
+)
+def test_engine_builds_and_stores_the_exact_epsilon(builds, name, eps, trt_type):
+    build = builds[name]
+    assert build["parse_ok"], build.messages()
+    assert build["build_ok"], build.messages()
+    assert build["engine_size"] > 0
+    # b"epsilon\0" + u32 1 + u32 FLOAT32 + float32(eps): fails if the field's buffer dangled.
+    assert build["epsilon_record_found"], f"stored epsilons: {build['epsilon_records']}"
+    assert build["epsilon_records"] == [float(np.float32(eps))]
+    x, w = build.configure_inputs()
+    assert x == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
+    assert w == ((HIDDEN,), (HIDDEN,), (HIDDEN,))
+    call = build["configure_plugin"][-1]
+    assert [i["type"] for i in call["inputs"]] == [trt_type, "DataType.FLOAT"]
+    assert [o["type"] for o in call["outputs"]] == [trt_type]
+
+
+def test_profile_edges_reach_configure_plugin(builds):
+    build = builds["odd_profile"]
+    assert build["build_ok"], build.messages()
+    x, _ = build.configure_inputs()
+    assert x == ((3, HIDDEN), (37, HIDDEN), (511, HIDDEN))
+
+
+def test_engine_record_check_catches_a_dangling_field_buffer(builds):
+    """Serializing from a temporary array (the bug the record check exists for) stores garbage."""
+    build = builds["buggy_serialize"]
+    assert build["build_ok"], build.messages()
+    assert not build["epsilon_record_found"], "a dangling field buffer went unnoticed"
+    assert build["epsilon_records"] != [float(np.float32(SMALL_EPS))]
+
+
+# -- inputs and attributes that must be refused ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("x_float32", "X must be float16 or bfloat16"),
+        ("hidden_mismatch", "X hidden 1024 != W size 512"),
+        ("x_rank3", "expects X [num_tokens, hidden]"),
+    ],
+)
+def test_unsupported_inputs_are_refused_with_the_plugins_message(builds, name, message):
+    build = builds[name]
+    assert not (build["parse_ok"] and build["build_ok"])
+    assert message in build.messages()
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("epsilon_missing", "required field 'epsilon' is missing"),
+        ("epsilon_zero", "field 'epsilon' must be finite and > 0"),
+        ("epsilon_negative", "field 'epsilon' must be finite and > 0"),
+        ("epsilon_nan", "field 'epsilon' must be finite and > 0"),
+        ("epsilon_int", "field 'epsilon' must be FLOAT32"),
+        ("epsilon_two_values", "field 'epsilon' must hold exactly one float32 value"),
+    ],
+)
+def test_bad_epsilon_attribute_fails_the_parse(builds, name, message):
+    build = builds[name]
+    assert not build["parse_ok"]
+    assert build["parser_errors"]
+    assert message in build.stderr
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_builder_never_crashes_the_process(builds, name):
+    """Failures come back as a result, not as an abort: exit code 0 and one JSON result."""
+    build = builds[name]
+    assert build.returncode == 0, build.stderr[-4000:]
+    assert build.result is not None
