@@ -1,0 +1,180 @@
+"""CPU: the creator's field parsing and the plugin's serialized fields, with real TensorRT-family objects.
+
+Full TensorRT cannot be installed on the CI machine; TensorRT-RTX's Python
+bindings (``tensorrt_rtx``) provide the same PluginField,
+PluginFieldCollection, PluginTensorDesc and DynamicPluginTensorDesc classes
+and import without a GPU, so the sample is loaded with them as its
+``tensorrt`` (fixture ``sample_rtx``). No engine is built here; see
+test_rtx_build_contract.py for that.
+"""
+
+import gc
+import math
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def trt():
+    return pytest.importorskip("tensorrt_rtx")
+
+
+def create(sample, trt, data, field_type="FLOAT32", phase="BUILD"):
+    """Create the plugin through the creator from one field 'epsilon' holding ``data``, as TensorRT does.
+
+    ``data`` stays referenced until create_plugin returns: trt.PluginField keeps
+    only a pointer to the array, so a field built over a temporary would read
+    freed memory.
+    """
+    fields = trt.PluginFieldCollection(
+        [trt.PluginField("epsilon", data, getattr(trt.PluginFieldType, field_type))])
+    plugin = sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, getattr(trt.TensorRTPhase, phase))
+    del data
+    return plugin
+
+
+def create_from(sample, trt, fields):
+    return sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
+
+
+def churn_allocator():
+    """Free and reallocate lots of small numpy buffers, so a dangling pointer would read garbage."""
+    gc.collect()
+    for i in range(200):
+        junk = [np.full(n, 12345.0 + i, dtype=np.float32) for n in (1, 2, 4, 16, 256)]
+        del junk
+    gc.collect()
+
+
+# -- the creator -------------------------------------------------------------------------
+
+
+def test_creator_advertises_one_float32_field_named_epsilon(sample_rtx, trt):
+    creator = sample_rtx.RmsNormPluginCreator()
+    assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
+    fields = list(creator.field_names)
+    assert [f.name for f in fields] == ["epsilon"]
+    assert fields[0].type == trt.PluginFieldType.FLOAT32
+
+
+@pytest.mark.parametrize("eps", [1e-5, 3.0517578e-05, 0.125, 1e-6])
+@pytest.mark.parametrize("phase", ["BUILD", "RUNTIME"])
+def test_valid_epsilon_becomes_the_plugins_float32_epsilon(sample_rtx, trt, eps, phase):
+    plugin = create(sample_rtx, trt, np.array([eps], dtype=np.float32), phase=phase)
+    assert plugin.epsilon == float(np.float32(eps))
+
+
+def test_missing_epsilon_is_refused(sample_rtx, trt):
+    with pytest.raises(ValueError, match="'epsilon' is missing"):
+        create_from(sample_rtx, trt, trt.PluginFieldCollection([]))
+
+
+def test_misnamed_field_is_refused_as_missing_epsilon(sample_rtx, trt):
+    data = np.array([1e-5], dtype=np.float32)
+    fields = trt.PluginFieldCollection([trt.PluginField("eps", data, trt.PluginFieldType.FLOAT32)])
+    with pytest.raises(ValueError, match="'epsilon' is missing"):
+        create_from(sample_rtx, trt, fields)
+
+
+@pytest.mark.parametrize(
+    "data, field_type",
+    [
+        (np.array([1], dtype=np.int32), "INT32"),
+        (np.array([1e-5], dtype=np.float64), "FLOAT64"),
+        (np.array([1e-5], dtype=np.float16), "FLOAT16"),
+    ],
+)
+def test_epsilon_of_another_field_type_is_refused(sample_rtx, trt, data, field_type):
+    with pytest.raises(ValueError, match="'epsilon' must be FLOAT32"):
+        create(sample_rtx, trt, data, field_type)
+
+
+@pytest.mark.parametrize("eps", [math.nan, math.inf, -math.inf, 0.0, -1e-5, 1e-50])
+def test_epsilon_that_is_not_finite_and_positive_in_float32_is_refused(sample_rtx, trt, eps):
+    with pytest.raises(ValueError, match="'epsilon' must be finite and > 0"):  # 1e-50 rounds to 0 in float32
+        create(sample_rtx, trt, np.array([eps], dtype=np.float32))
+
+
+@pytest.mark.parametrize("values", [[1e-5, 1e-5], []])
+def test_epsilon_with_other_than_one_value_is_refused(sample_rtx, trt, values):
+    with pytest.raises(ValueError, match="'epsilon' must hold exactly one float32 value"):
+        create(sample_rtx, trt, np.array(values, dtype=np.float32))
+
+
+# -- what the plugin serializes ----------------------------------------------------------
+
+
+def test_serialized_epsilon_reads_back_after_the_allocator_is_churned(sample_rtx, trt):
+    """trt.PluginField keeps only a pointer: the plugin must own the array TensorRT reads later."""
+    plugin = create(sample_rtx, trt, np.array([3.0517578e-05], dtype=np.float32))
+    fields = plugin.get_fields_to_serialize()
+    churn_allocator()
+    fields = list(fields)
+    assert [f.name for f in fields] == ["epsilon"]
+    assert fields[0].type == trt.PluginFieldType.FLOAT32
+    assert np.asarray(fields[0].data, dtype=np.float32).tolist() == [np.float32(3.0517578e-05)]
+
+
+def test_serialized_fields_survive_the_collection_that_created_the_plugin(sample_rtx, trt):
+    """The creator's input collection (and its array) may be freed before TensorRT serializes."""
+    plugin = create(sample_rtx, trt, np.array([0.125], dtype=np.float32))
+    churn_allocator()
+    (field,) = list(plugin.get_fields_to_serialize())
+    assert np.asarray(field.data, dtype=np.float32).tolist() == [0.125]
+
+
+def test_clone_keeps_epsilon_and_serializes_it_on_its_own(sample_rtx, trt):
+    plugin = create(sample_rtx, trt, np.array([0.125], dtype=np.float32))
+    twin = plugin.clone()
+    del plugin
+    churn_allocator()
+    assert twin.epsilon == 0.125
+    (field,) = list(twin.get_fields_to_serialize())
+    assert field.name == "epsilon"
+    assert np.asarray(field.data, dtype=np.float32).tolist() == [0.125]
+
+
+# -- supports_format_combination with real descriptors ------------------------------------
+
+
+def io_descs(trt, x_type, w_type, y_type, fmt="LINEAR"):
+    """[X, W, Y] as the DynamicPluginTensorDesc list TensorRT passes at build time."""
+    descs = []
+    for dtype, dims in ((x_type, (-1, 1024)), (w_type, (1024,)), (y_type, (-1, 1024))):
+        desc = trt.DynamicPluginTensorDesc()
+        desc.desc.type = getattr(trt.DataType, dtype)
+        desc.desc.format = getattr(trt.TensorFormat, fmt)
+        desc.desc.dims = trt.Dims(dims)
+        descs.append(desc)
+    return descs
+
+
+@pytest.fixture()
+def plugin(sample_rtx, trt):
+    return create(sample_rtx, trt, np.array([1e-5], dtype=np.float32))
+
+
+@pytest.mark.parametrize("io_type", ["HALF", "BF16"])
+def test_linear_fp16_or_bf16_activations_with_fp32_weight_are_accepted(plugin, trt, io_type):
+    descs = io_descs(trt, io_type, "FLOAT", io_type)
+    assert [plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [True, True, True]
+
+
+@pytest.mark.parametrize(
+    "x_type, w_type, y_type, refused_pos",
+    [
+        ("FLOAT", "FLOAT", "FLOAT", 0),   # fp32 activations
+        ("HALF", "HALF", "HALF", 1),      # weight not fp32
+        ("HALF", "FLOAT", "BF16", 2),     # Y's dtype differs from X's
+        ("BF16", "FLOAT", "HALF", 2),
+    ],
+)
+def test_other_dtype_combinations_are_refused(plugin, trt, x_type, w_type, y_type, refused_pos):
+    descs = io_descs(trt, x_type, w_type, y_type)
+    assert plugin.supports_format_combination(refused_pos, descs, 2) is False
+
+
+def test_non_linear_formats_are_refused(plugin, trt):
+    descs = io_descs(trt, "HALF", "FLOAT", "HALF", fmt="CHW2")
+    assert [plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [False, False, False]
