@@ -445,7 +445,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
 
     def get_output_shapes(self, inputs, shape_inputs, expr_builder):
         """Build time: Y has X's symbolic shape; checks ranks and that hidden is static and matches W."""
-        if len(inputs) != 2 or inputs[0].nbDims != 2 or inputs[1].nbDims != 1:
+        if len(inputs) != 2 or len(inputs[0]) != 2 or len(inputs[1]) != 1:
             raise ValueError(f"{PLUGIN_NAME}: expects X [num_tokens, hidden] and W [hidden]")
         x_hidden, w_hidden = inputs[0][1], inputs[1][0]
         if not x_hidden.is_constant():

@@ -29,9 +29,7 @@ def create(sample, trt, data, field_type="FLOAT32", phase="BUILD"):
     """
     fields = trt.PluginFieldCollection(
         [trt.PluginField("epsilon", data, getattr(trt.PluginFieldType, field_type))])
-    plugin = sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, getattr(trt.TensorRTPhase, phase))
-    del data
-    return plugin
+    return sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, getattr(trt.TensorRTPhase, phase))
 
 
 def create_from(sample, trt, fields):

@@ -1,0 +1,94 @@
+"""CPU: every name the TensorRT stand-in offers exists, spelled the same, on real TensorRT-family bindings.
+
+tests/trt_standin.py is a labelled TEST DOUBLE used by the GPU tests in place
+of ``tensorrt``. It is only trustworthy if the sample could not use a name
+through it that real TensorRT lacks. Full TensorRT cannot be installed on the
+CI machine, so TensorRT-RTX's Python bindings (``tensorrt_rtx``), which share
+TensorRT's plugin API, are the reference.
+
+The list of names is derived from the stand-in by introspection: adding a
+name to the stand-in that the real bindings lack fails a test here.
+"""
+
+import enum
+import importlib.util
+import inspect
+import pathlib
+
+import pytest
+
+STANDIN_PATH = pathlib.Path(__file__).resolve().parent / "trt_standin.py"
+
+
+def load_standin():
+    spec = importlib.util.spec_from_file_location("trt_standin_for_names", STANDIN_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def instance_attributes(cls) -> list:
+    """Attributes a stand-in class sets on its instances (made with None for every required argument)."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    args = [None for p in params if p.default is inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
+    return sorted(name for name in vars(cls(*args)) if not name.startswith("_"))
+
+
+def standin_names() -> list:
+    """Dotted names, relative to the module, of everything public the stand-in offers.
+
+    Module-level classes and functions; enum members; public methods defined on
+    each class; instance attributes of each class; and the public methods of the
+    object get_plugin_registry() returns.
+    """
+    standin = load_standin()
+    names = []
+    for name, obj in vars(standin).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != standin.__name__:
+            continue  # private, or imported (e.g. the enum module)
+        names.append(name)
+        if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+            names += [f"{name}.{member}" for member in obj.__members__]
+        elif inspect.isclass(obj):
+            names += [f"{name}.{m}" for m, v in vars(obj).items() if not m.startswith("_") and callable(v)]
+            names += [f"{name}.{a}" for a in instance_attributes(obj)]
+    registry = type(standin.get_plugin_registry())
+    names += [f"get_plugin_registry().{m}" for m, v in vars(registry).items() if not m.startswith("_") and callable(v)]
+    return names
+
+
+NAMES = standin_names()
+
+
+@pytest.fixture(scope="module")
+def real_trt():
+    return pytest.importorskip("tensorrt_rtx")
+
+
+def resolve(module, dotted: str):
+    """Follow a dotted name from `module`; `get_plugin_registry()` is called to reach the registry."""
+    obj = module
+    for part in dotted.split("."):
+        obj = module.get_plugin_registry() if part == "get_plugin_registry()" else getattr(obj, part)
+    return obj
+
+
+def test_the_introspected_list_covers_what_the_sample_uses():
+    """Guards the introspection itself: these are names the sample and the GPU tests rely on."""
+    expected = {
+        "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "TensorFormat.LINEAR",
+        "PluginFieldType.FLOAT32", "TensorRTPhase.BUILD", "TensorRTPhase.RUNTIME",
+        "IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuild", "IPluginV3OneRuntime", "IPluginCreatorV3One",
+        "PluginField", "PluginField.name", "PluginField.data", "PluginField.type", "PluginFieldCollection",
+        "PluginTensorDesc", "PluginTensorDesc.dims", "PluginTensorDesc.type", "PluginTensorDesc.format",
+        "get_plugin_registry", "get_plugin_registry().register_creator", "get_plugin_registry().get_creator",
+    }
+    assert expected <= set(NAMES), sorted(expected - set(NAMES))
+
+
+@pytest.mark.parametrize("dotted", NAMES)
+def test_standin_name_exists_on_tensorrt_rtx(real_trt, dotted):
+    try:
+        resolve(real_trt, dotted)
+    except AttributeError:
+        pytest.fail(f"trt_standin offers `{dotted}` but tensorrt_rtx has no such name")
