@@ -88,7 +88,7 @@ def test_loading_without_the_creator_registered_fails(tmp_path):
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-def test_two_execution_contexts_on_two_streams(tmp_path):
+def test_two_execution_contexts_on_two_streams():
     import torch
 
     import rms_norm_plugin_cutedsl as s
