@@ -24,6 +24,8 @@ How to run it
 -------------
     pip install -r requirements.txt          # CUDA 12; requirements-cu13.txt for CUDA 13
     python3 rms_norm_plugin_cutedsl.py       # builds, runs 128/1/512/37 tokens, checks
+    python3 rms_norm_plugin_cutedsl.py --from-onnx        # same, via TensorRT's ONNX parser
+    python3 rms_norm_plugin_cutedsl.py --compare-builtin  # and against TensorRT's own layers
 
 Exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment
 error (bad flag, no GPU, GPU older than SM80, missing package, unreadable
@@ -43,6 +45,15 @@ import numpy as np
 
 EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
 DEFAULT_EPSILON = 1e-5
+
+
+class UsageError(Exception):
+    """A problem the user can fix; main() prints it as one sentence and exits 2."""
+
+
+class EngineLoadError(RuntimeError):
+    """A saved engine that cannot be used; main() turns it into exit code 2."""
+
 
 # The kernel half of the file needs CuteDSL, torch and cupy; TensorRT and
 # Polygraphy only the plugin and engine half. Run as a script, a missing
@@ -577,7 +588,7 @@ def register_creator():
     return registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
 
 
-# %% [6] Engine: build with Polygraphy, or load a saved one ---------------------
+# %% [6] Engine: build with Polygraphy (network API or ONNX), or load a saved one
 #
 # X [num_tokens, hidden] and W [hidden] are network inputs, so one engine
 # normalizes any activations with any weight. num_tokens is dynamic over the
@@ -586,25 +597,96 @@ def register_creator():
 # tensor dtypes come from the inputs and get_output_data_types, not from
 # builder precision flags.
 
+_TRT_DTYPE_NAMES = {"float16": "HALF", "bfloat16": "BF16"}
 
-def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float):
-    """Build a one-layer engine around the plugin, created through the registry as TensorRT would."""
-    from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
 
-    creator = register_creator()
-    eps_field = np.array([epsilon], dtype=np.float32)
-    fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
-    plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
-
-    builder, network = create_network(strongly_typed=True)
-    trt_dtype = {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype]
-    x = network.add_input("X", trt_dtype, (-1, hidden))
+def _add_io(network, hidden: int, dtype: str):
+    """The inputs X [-1, hidden] (dtype) and W [hidden] (fp32) every network here starts from."""
+    x = network.add_input("X", getattr(trt.DataType, _TRT_DTYPE_NAMES[dtype]), (-1, hidden))
     w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
-    y = network.add_plugin_v3([x, w], [], plugin).get_output(0)
+    return x, w
+
+
+def _mark_y(network, layer):
+    y = layer.get_output(0)
     y.name = "Y"
     network.mark_output(y)
+
+
+def define_plugin_network(network, hidden: int, dtype: str, epsilon: float):
+    """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would."""
+    creator = register_creator()
+    eps_field = np.array([epsilon], dtype=np.float32)  # alive until create_plugin has copied it
+    fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
+    plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
+    x, w = _add_io(network, hidden, dtype)
+    _mark_y(network, network.add_plugin_v3([x, w], [], plugin))
+
+
+def define_builtin_network(network, hidden: int, dtype: str, epsilon: float):
+    """The same RMSNorm from TensorRT's own layers, in FP32 (TensorRT has no RMSNorm layer).
+
+    Returns the constant's buffer, which must outlive the build: TensorRT
+    weights, like plugin fields, point at numpy memory they do not own.
+    """
+    x, w = _add_io(network, hidden, dtype)
+    ew, op = network.add_elementwise, trt.ElementWiseOperation
+    xf = network.add_cast(x, trt.DataType.FLOAT).get_output(0)
+    mean_sq = network.add_reduce(ew(xf, xf, op.PROD).get_output(0), trt.ReduceOperation.AVG, 1 << 1, True)
+    eps = np.full((1, 1), epsilon, dtype=np.float32)
+    var = ew(mean_sq.get_output(0), network.add_constant((1, 1), eps).get_output(0), op.SUM)
+    rms = network.add_unary(var.get_output(0), trt.UnaryOperation.SQRT)
+    w_row = network.add_shuffle(w)
+    w_row.reshape_dims = (1, hidden)
+    scaled = ew(ew(xf, rms.get_output(0), op.DIV).get_output(0), w_row.get_output(0), op.PROD)
+    _mark_y(network, network.add_cast(scaled.get_output(0), x.dtype))
+    return eps
+
+
+def make_onnx_model(hidden: int, dtype: str, epsilon: float) -> bytes:
+    """A one-node ONNX model whose op type is the plugin's name: how an exported model reaches the plugin.
+
+    For an op type it does not know, TensorRT's ONNX parser asks the plugin
+    registry for a creator named like the op (version and namespace from the
+    node's plugin_version / plugin_namespace attributes, default "1" and "")
+    and hands every other attribute to create_plugin as a PluginField.
+    """
+    try:
+        from onnx import TensorProto, helper
+    except ImportError:
+        raise UsageError("--from-onnx needs the onnx package; install it with `pip install onnx`") from None
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
+    node = helper.make_node(
+        PLUGIN_NAME, ["X", "W"], ["Y"], name="rms_norm",
+        epsilon=float(epsilon), plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
+    )
+    graph = helper.make_graph(
+        [node], "rms_norm",
+        [helper.make_tensor_value_info("X", elem, ["num_tokens", hidden]),
+         helper.make_tensor_value_info("W", TensorProto.FLOAT, [hidden])],
+        [helper.make_tensor_value_info("Y", elem, ["num_tokens", hidden])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
+                 source: str = "plugin"):
+    """Build an engine: source "plugin" (network API), "onnx" (ONNX parser) or "builtin" (TensorRT layers)."""
+    from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network, network_from_onnx_bytes
+
+    keep_alive = None  # buffers TensorRT reads during the build but does not own; freed on return
+    if source == "onnx":
+        register_creator()  # the parser looks the op up in the registry
+        network = network_from_onnx_bytes(make_onnx_model(hidden, dtype, epsilon), strongly_typed=True)
+    else:
+        builder, net = create_network(strongly_typed=True)
+        define = define_builtin_network if source == "builtin" else define_plugin_network
+        keep_alive = define(net, hidden, dtype, epsilon)
+        network = (builder, net)
     profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
-    return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+    return engine_from_network(network, config=CreateConfig(profiles=[profile]))
 
 
 def load_engine(path: str):
@@ -628,10 +710,6 @@ def load_engine(path: str):
             "registers first); delete the file to rebuild"
         )
     return engine
-
-
-class EngineLoadError(RuntimeError):
-    """A saved engine that cannot be used; main() turns it into exit code 2."""
 
 
 def engine_io(engine):
@@ -691,11 +769,52 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
     return all_ok
 
 
-# %% [8] Command line -----------------------------------------------------------
+# %% [8] The plugin against TensorRT's own layers ----------------------------------
+#
+# A plugin is worth keeping only if it beats what TensorRT builds from its
+# own layers. Both engines run the same inputs on one stream; CUDA events
+# around many execute_async_v3 calls measure what an application sees per
+# call, which for a Python plugin includes the Python enqueue on the host.
 
 
-class UsageError(Exception):
-    """A problem the user can fix; main() prints it as one sentence and exits 2."""
+def time_engine(engine, tokens: int, hidden: int, dtype: str, iterations: int = 500) -> float:
+    """Microseconds per execute_async_v3 call at `tokens`, after warm-up."""
+    context = engine.create_execution_context()
+    x, w = make_inputs(tokens, hidden, dtype, seed=0)
+    buffers = {"X": x.cuda(), "W": w.cuda(), "Y": torch.empty_like(x, device="cuda")}
+    context.set_input_shape("X", (tokens, hidden))
+    for name, tensor in buffers.items():
+        context.set_tensor_address(name, tensor.data_ptr())
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    for _ in range(20):
+        context.execute_async_v3(stream.cuda_stream)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(iterations):
+        context.execute_async_v3(stream.cuda_stream)
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iterations
+
+
+def compare_engines(plugin_engine, builtin_engine, token_counts, hidden: int, dtype: str):
+    """Print per-call time of both engines at each token count and which one to deploy."""
+    ratios = []
+    for n in token_counts:
+        ours, theirs = time_engine(plugin_engine, n, hidden, dtype), time_engine(builtin_engine, n, hidden, dtype)
+        ratios.append(ours / theirs)
+        print(f"  tokens={n:<5d} plugin {ours:8.2f} us   built-in layers {theirs:8.2f} us   plugin / built-in {ratios[-1]:.2f}")
+    if all(r < 1 for r in ratios):
+        verdict = "deploy the plugin: it is faster at every profiled shape"
+    elif all(r > 1 for r in ratios):
+        verdict = "deploy TensorRT's built-in layers: they are faster at every profiled shape"
+    else:
+        verdict = "mixed: the plugin wins only at some shapes; measure at your real token counts"
+    print(f"For these shapes: {verdict}.")
+
+
+# %% [9] Command line -----------------------------------------------------------
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -718,6 +837,10 @@ def parse_args(argv=None):
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
     parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists, else build and save it there")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    parser.add_argument("--from-onnx", action="store_true",
+                        help="build through TensorRT's ONNX parser from a one-node ONNX model (needs onnx)")
+    parser.add_argument("--compare-builtin", action="store_true",
+                        help="also build RMSNorm from TensorRT's own layers, check it and time both engines")
     args = parser.parse_args(argv)
     if not 1 <= args.hidden_dim <= MAX_HIDDEN:
         parser.error(f"--hidden-dim must be in [1, {MAX_HIDDEN}], got {args.hidden_dim}")
@@ -769,7 +892,8 @@ def main(argv=None) -> int:
             print(f"Loaded engine from {args.engine}")
         else:
             engine = build_engine(
-                args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon
+                args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon,
+                source="onnx" if args.from_onnx else "plugin",
             )
             if args.engine:
                 with open(args.engine, "wb") as f:
@@ -784,11 +908,15 @@ def main(argv=None) -> int:
     counts = list(dict.fromkeys(c for c in (args.num_tokens, args.min_tokens, args.max_tokens, odd) if c >= args.min_tokens))
     print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
           f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-    if run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed):
-        print("Inference result correct!")
-        return EXIT_CORRECT
-    print("Inference result incorrect!")
-    return EXIT_INCORRECT
+    correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+    if args.compare_builtin:
+        print("Built-in layers (cast, x*x, reduce mean, + eps, sqrt, divide, * w, cast):")
+        builtin = build_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
+                               args.epsilon, source="builtin")
+        correct &= run_and_check(builtin, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+        compare_engines(engine, builtin, (args.min_tokens, args.opt_tokens, args.max_tokens), args.hidden_dim, args.dtype)
+    print("Inference result correct!" if correct else "Inference result incorrect!")
+    return EXIT_CORRECT if correct else EXIT_INCORRECT
 
 
 if __name__ == "__main__":

@@ -33,6 +33,13 @@ Spec keys (all optional):
     buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
                      PluginField over a temporary array) plus allocator churn,
                      to show the engine-record check catches a dangling buffer
+    source           where the network comes from:
+                     "test_onnx" (default) the ONNX model written below, W an initializer;
+                     "sample_onnx" the sample's own make_onnx_model (what --from-onnx parses);
+                     "sample_builtin" the sample's define_builtin_network (TensorRT layers only).
+                     Both build a strongly typed network, as the sample does. (The sample's
+                     define_plugin_network needs INetworkDefinition.add_plugin_v3, which
+                     TensorRT has and TensorRT-RTX does not; it is covered by the `trt` tests.)
 
 Prints exactly one line on stdout: a JSON object with
     parse_ok, parser_errors, build_ok, engine_size, epsilon_record_found,
@@ -56,7 +63,7 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 DEFAULTS = dict(
     dtype="float16", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
-    profile=[1, 128, 512], buggy_serialize=False,
+    profile=[1, 128, 512], buggy_serialize=False, source="test_onnx",
 )
 
 
@@ -166,15 +173,29 @@ def build(spec: dict) -> dict:
     if spec["buggy_serialize"]:
         install_buggy_serialize(sample, trt)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = os.path.join(tmp, "rms_norm.onnx")
-        write_onnx(onnx_path, spec)
-        builder = trt.Builder(logger)
+    builder = trt.Builder(logger)
+    keep_alive = None
+    if spec["source"] == "test_onnx":
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, logger)
-        with open(onnx_path, "rb") as f:
-            result["parse_ok"] = bool(parser.parse(f.read()))
-    result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx_path = os.path.join(tmp, "rms_norm.onnx")
+            write_onnx(onnx_path, spec)
+            with open(onnx_path, "rb") as f:
+                result["parse_ok"] = bool(parser.parse(f.read()))
+    else:
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        if spec["source"] == "sample_onnx":
+            parser = trt.OnnxParser(network, logger)
+            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"])
+            result["parse_ok"] = bool(parser.parse(model))
+        else:  # "sample_builtin"
+            parser = None
+            keep_alive = sample.define_builtin_network(  # noqa: F841 (must outlive the build)
+                network, spec["x_hidden"], spec["dtype"], spec["epsilon"])
+            result["parse_ok"] = True
+    if parser is not None:
+        result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
     if not result["parse_ok"]:
         return result
 

@@ -76,3 +76,13 @@ def test_help_documents_the_exit_codes():
     code, out, _ = run_script("--help")
     assert code == 0
     assert "0 every run matched NumPy, 1 a run did not, 2 usage or environment error" in " ".join(out.split())
+
+
+def test_from_onnx_without_onnx_installed_says_what_to_install(monkeypatch):
+    import sys as _sys
+
+    import rms_norm_plugin_cutedsl as sample
+
+    monkeypatch.setitem(_sys.modules, "onnx", None)
+    with pytest.raises(sample.UsageError, match="pip install onnx"):
+        sample.make_onnx_model(1024, "float16", 1e-5)

@@ -49,6 +49,11 @@ BUILDS = {
     "epsilon_int": dict(epsilon=1, epsilon_type="int"),
     "epsilon_two_values": dict(epsilon=1e-5, epsilon_type="floats"),
     "buggy_serialize": dict(epsilon=SMALL_EPS, buggy_serialize=True),
+    # what --from-onnx parses, and what --compare-builtin builds instead of the plugin
+    "sample_onnx_fp16": dict(source="sample_onnx", dtype="float16", epsilon=SMALL_EPS),
+    "sample_onnx_bf16": dict(source="sample_onnx", dtype="bfloat16", epsilon=ROUND_EPS),
+    "builtin_fp16": dict(source="sample_builtin", dtype="float16"),
+    "builtin_bf16": dict(source="sample_builtin", dtype="bfloat16"),
 }
 
 
@@ -186,3 +191,25 @@ def test_builder_never_crashes_the_process(builds, name):
     build = builds[name]
     assert build.returncode == 0, build.stderr[-4000:]
     assert build.result is not None
+
+
+# -- the sample's ONNX model and its built-in-layer composition ---------------------------
+
+
+@pytest.mark.parametrize("name, eps", [("sample_onnx_fp16", SMALL_EPS), ("sample_onnx_bf16", ROUND_EPS)])
+def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, name, eps):
+    build = builds[name]
+    assert build["parse_ok"], build.messages()
+    assert build["build_ok"], build.messages()
+    assert build["epsilon_record_found"], build["epsilon_records"]
+    x, w = build.configure_inputs()
+    assert x == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
+    assert w == ((HIDDEN,),) * 3
+
+
+@pytest.mark.parametrize("name", ["builtin_fp16", "builtin_bf16"])
+def test_builtin_layer_composition_builds_for_the_profile(builds, name):
+    build = builds[name]
+    assert build["build_ok"], build.messages()
+    assert build["engine_size"] > 0
+    assert build["configure_plugin"] == [], "the comparison engine must not contain the plugin"

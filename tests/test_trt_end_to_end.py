@@ -144,3 +144,24 @@ def test_execute_async_v3_captured_in_a_cuda_graph():
         torch.cuda.synchronize()
         ok, err = s.check_output(y.float().cpu().numpy(), new_x.float().numpy(), new_w.numpy(), 1e-5, "bfloat16")
         assert ok, err
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_engine_built_through_the_onnx_parser_checks_out(dtype):
+    code, out, err = run_script("--from-onnx", "--dtype", dtype)
+    assert code == 0, out + err
+    assert "Inference result correct!" in out
+
+
+def test_compare_builtin_checks_both_engines_and_times_min_opt_max():
+    import re
+
+    code, out, err = run_script("--compare-builtin")
+    assert code == 0, out + err
+    rows = re.findall(r"tokens=(\d+)\s+plugin\s+([\d.]+) us\s+built-in layers\s+([\d.]+) us\s+plugin / built-in ([\d.]+)", out)
+    assert [int(r[0]) for r in rows] == [1, 128, 512]
+    for _, ours, theirs, ratio in rows:
+        assert float(ours) > 0 and float(theirs) > 0
+        assert abs(float(ratio) - float(ours) / float(theirs)) < 0.02
+    assert re.search(r"For these shapes: (deploy the plugin|deploy TensorRT's built-in layers|mixed)", out)
+    assert "Inference result correct!" in out
