@@ -174,24 +174,35 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
 
 @cute.kernel
 def rms_norm_kernel(
-    mX: cute.Tensor,      # (num_tokens, (vec, num_vecs)) in X's dtype
-    mW: cute.Tensor,      # (vec, num_vecs) FP32
-    mY: cute.Tensor,      # like mX
+    x_ptr: cute.Pointer,  # X [num_tokens, hidden], fp16/bf16, 16-byte aligned
+    w_ptr: cute.Pointer,  # W [hidden], fp32
     num_tokens: Int32,
-    eps: Float32,
+    y_ptr: cute.Pointer,  # Y, like X
     hidden: cutlass.Constexpr,
+    eps: cutlass.Constexpr,
     vec: cutlass.Constexpr,
     threads_per_row: cutlass.Constexpr,
     rows_per_cta: cutlass.Constexpr,
     vecs_per_thread: cutlass.Constexpr,
     early_weight: cutlass.Constexpr,
 ):
+    # The parameters are (X, W, num_tokens, Y): raw pointers and one int32, in
+    # the order TensorRT's ahead-of-time plugin launcher passes them (inputs,
+    # extra arguments, outputs), so the same PTX serves both plugin flavors.
+    # The tensors are described here: a static row stride and a (vec, num_vecs)
+    # split of each row let the compiler prove that every vector access is
+    # 16-byte aligned, so it emits 128-bit loads and stores.
+    num_vecs = hidden // vec
+    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
+    mX = cute.make_tensor(x_ptr, rows)
+    mY = cute.make_tensor(y_ptr, rows)
+    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, num_vecs), stride=(1, vec)))
+
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     row_in_cta = tidx // threads_per_row
     t = tidx % threads_per_row
     row = bidx * rows_per_cta + row_in_cta
-    num_vecs = hidden // vec
     row_ok = row < num_tokens
     # Whether the last column of vectors is only partly owned (needs a predicate).
     ragged = num_vecs % threads_per_row != 0
@@ -251,10 +262,10 @@ def rms_norm_kernel(
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
 # Baked in at compile time: X/Y dtype, hidden size (and with it the plan:
-# vector width, threads per row, rows per CTA) and the 16-byte alignment of
-# the three base pointers. Runtime arguments: the three tensors' addresses,
-# num_tokens, epsilon and the stream. One compiled kernel therefore serves
-# every token count of the optimization profile and every epsilon.
+# vector width, threads per row, rows per CTA), epsilon, and the 16-byte
+# alignment of the three base pointers. Runtime arguments: the three
+# addresses, num_tokens and the stream. One compiled kernel therefore serves
+# every token count of the optimization profile.
 
 
 @cute.jit
@@ -263,24 +274,14 @@ def rms_norm_launch(
     mW: cute.Tensor,
     mY: cute.Tensor,
     num_tokens: Int32,
-    eps: Float32,
     stream: cuda.CUstream,
     hidden: cutlass.Constexpr,
+    eps: cutlass.Constexpr,
 ):
     plan = plan_kernel(hidden, mX.element_type.width // 8)
-    num_vecs = hidden // plan.vec
-    # Re-describe the buffers with a static row stride and a (vec, num_vecs)
-    # split of each row: with the base 16-byte aligned and the stride a multiple
-    # of vec, the compiler can prove every vector access is aligned and emits
-    # 128-bit loads and stores.
-    rows = cute.make_layout((num_tokens, (plan.vec, num_vecs)), stride=(hidden, (1, plan.vec)))
-    x = cute.make_tensor(mX.iterator, rows)
-    y = cute.make_tensor(mY.iterator, rows)
-    w = cute.make_tensor(mW.iterator, cute.make_layout((plan.vec, num_vecs), stride=(1, plan.vec)))
     rms_norm_kernel(
-        x, w, y, num_tokens, eps,
-        hidden, plan.vec, plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread,
-        plan.early_weight,
+        mX.iterator, mW.iterator, num_tokens, mY.iterator,
+        hidden, eps, plan.vec, plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight,
     ).launch(
         grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1],
         block=[plan.cta_threads, 1, 1],
@@ -288,27 +289,40 @@ def rms_norm_launch(
     )
 
 
+def validate_epsilon(value) -> float:
+    """Return epsilon as the float32 value the kernel will use, or raise ValueError."""
+    try:
+        eps = float(np.float32(value))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be a number, got {value!r}") from None
+    if not (math.isfinite(eps) and eps > 0.0):
+        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be finite and > 0 in float32, got {value!r}")
+    return eps
+
+
 _CUTE_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
 _COMPILED: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def compile_rms_norm(dtype: str, hidden: int, arch: str | None = None, *, keep_ptx: bool = False):
-    """Compile the launcher for one dtype and hidden size, once per process.
+def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
+                     keep_ptx: bool = False):
+    """Compile the launcher for one dtype, hidden size and epsilon, once per process.
 
-    The cache key is exactly what the compiled code bakes in: dtype, hidden
-    and the GPU architecture. ``arch`` (e.g. ``"sm_90a"``) compiles without a
+    The cache key is exactly what the compiled code bakes in: dtype, hidden,
+    epsilon (as the float32 the kernel uses) and the GPU architecture. ``arch`` (e.g. ``"sm_90a"``) compiles without a
     GPU; ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache
     and returns a fresh compilation whose ``__ptx__`` holds the PTX (CuteDSL
     also writes it to ``CUTE_DSL_DUMP_DIR``, by default the working directory).
     """
     plan_kernel(hidden)  # a clear ValueError before any tracing
+    epsilon = validate_epsilon(epsilon)
     if dtype not in _CUTE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_CUTE_DTYPES)}, got {dtype!r}")
     if arch is None:
         major, minor = torch.cuda.get_device_capability()
         arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
-    key = (dtype, hidden, arch)
+    key = (dtype, hidden, epsilon, arch)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
             elem = getattr(cutlass, _CUTE_DTYPES[dtype])
@@ -318,8 +332,7 @@ def compile_rms_norm(dtype: str, hidden: int, arch: str | None = None, *, keep_p
             fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
             fake_w = fake(Float32, (hidden,), assumed_align=16)
             compiled = cute.compile(
-                rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), Float32(1e-5),
-                cute.runtime.make_fake_stream(), hidden,
+                rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), hidden, epsilon,
                 options=f"--gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else ""),
             )
             if keep_ptx:
@@ -332,11 +345,11 @@ def compile_rms_norm(dtype: str, hidden: int, arch: str | None = None, *, keep_p
 def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EPSILON, out=None):
     """The kernel on torch CUDA tensors, on torch's current stream: the same code path without TensorRT."""
     out = torch.empty_like(x) if out is None else out
-    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1])
+    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], eps)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     x2, y2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
     kernel(from_dlpack(x2, assumed_align=VECTOR_BYTES), from_dlpack(w, assumed_align=VECTOR_BYTES),
-           from_dlpack(y2, assumed_align=VECTOR_BYTES), x2.shape[0], eps, stream)
+           from_dlpack(y2, assumed_align=VECTOR_BYTES), x2.shape[0], stream)
     return out
 
 # %% [4] Zero-copy handoff: TensorRT's raw pointers -> CuTe tensors -------------
@@ -392,17 +405,6 @@ if trt is not None:
     _CREATOR_BASES = (trt.IPluginCreatorV3One,)
 else:  # without TensorRT the classes exist but main() never reaches them
     _PLUGIN_BASES = _CREATOR_BASES = (object,)
-
-
-def validate_epsilon(value) -> float:
-    """Return epsilon as the float32 value the kernel will use, or raise ValueError."""
-    try:
-        eps = float(np.float32(value))
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be a number, got {value!r}") from None
-    if not (math.isfinite(eps) and eps > 0.0):
-        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be finite and > 0 in float32, got {value!r}")
-    return eps
 
 
 def _io_dtype(trt_type) -> str:
@@ -506,7 +508,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         """Run time, before the first enqueue and whenever shapes change: compile here, never in enqueue."""
         io = (_io_dtype(inp[0].type), inp[0].dims[1])
         if io != self._io:
-            self._kernel = compile_rms_norm(*io)
+            self._kernel = compile_rms_norm(*io, self.epsilon)
             self._io = io
             self._device = torch.cuda.current_device()
             self._launch_args.clear()
@@ -533,7 +535,6 @@ class RmsNormPlugin(*_PLUGIN_BASES):
             cute_tensor_from_pointer(w_ptr, (hidden,), "float32", self._device),
             cute_tensor_from_pointer(y_ptr, (num_tokens, hidden), dtype, self._device),
             num_tokens,
-            self.epsilon,
         )
         self._launch_args[(x_ptr, w_ptr, y_ptr, num_tokens)] = args
         return args
@@ -823,9 +824,10 @@ class _ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
 
 
-def parse_args(argv=None):
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every flavor of this sample shares (rms_norm_aot_cutedsl.py uses it too)."""
     parser = _ArgumentParser(
-        description="Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.",
+        description=description,
         epilog="exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment error",
     )
     parser.add_argument("--hidden-dim", type=int, default=1024, help="hidden size H, static in the engine (default 1024)")
@@ -837,11 +839,11 @@ def parse_args(argv=None):
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
     parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists, else build and save it there")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
-    parser.add_argument("--from-onnx", action="store_true",
-                        help="build through TensorRT's ONNX parser from a one-node ONNX model (needs onnx)")
-    parser.add_argument("--compare-builtin", action="store_true",
-                        help="also build RMSNorm from TensorRT's own layers, check it and time both engines")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Refuse (one sentence, exit 2) what TensorRT would otherwise refuse later or not at all."""
     if not 1 <= args.hidden_dim <= MAX_HIDDEN:
         parser.error(f"--hidden-dim must be in [1, {MAX_HIDDEN}], got {args.hidden_dim}")
     if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
@@ -856,6 +858,22 @@ def parse_args(argv=None):
     except ValueError:
         parser.error(f"--epsilon must be finite and > 0, got {args.epsilon}")
     return args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = make_parser("Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.")
+    parser.add_argument("--from-onnx", action="store_true",
+                        help="build through TensorRT's ONNX parser from a one-node ONNX model (needs onnx)")
+    parser.add_argument("--compare-builtin", action="store_true",
+                        help="also build RMSNorm from TensorRT's own layers, check it and time both engines")
+    return validate_args(parser, parser.parse_args(argv))
+
+
+def token_counts(args) -> list:
+    """The main run first, then the profile's edges and an odd count, without repeats."""
+    odd = 37 if args.min_tokens <= 37 <= args.max_tokens else args.max_tokens - 1
+    candidates = (args.num_tokens, args.min_tokens, args.max_tokens, odd)
+    return list(dict.fromkeys(c for c in candidates if c >= args.min_tokens))
 
 
 def check_environment():
@@ -903,9 +921,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    # The main run first, then the profile's edges and an odd count, one context.
-    odd = 37 if args.min_tokens <= 37 <= args.max_tokens else args.max_tokens - 1
-    counts = list(dict.fromkeys(c for c in (args.num_tokens, args.min_tokens, args.max_tokens, odd) if c >= args.min_tokens))
+    counts = token_counts(args)  # all through one execution context
     print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
           f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
     correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)

@@ -168,9 +168,9 @@ def main():
             bad = ((y.double() - ref).abs() > atol + rtol * ref.abs()).sum().item()
             assert bad == 0, f"kernel wrong at {tokens}x{hidden} {dtype}: {bad} elements out of tolerance"
             # Prepared arguments: what a steady-state caller does (no per-call DLPack work).
-            kernel = sample.compile_rms_norm(dtype, hidden)
+            kernel = sample.compile_rms_norm(dtype, hidden, EPS)
             fd = sample.from_dlpack
-            prepared = (fd(x, assumed_align=16), fd(w, assumed_align=16), fd(y, assumed_align=16), tokens, EPS)
+            prepared = (fd(x, assumed_align=16), fd(w, assumed_align=16), fd(y, assumed_align=16), tokens)
 
             def this():
                 kernel(*prepared, sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
@@ -201,10 +201,10 @@ def main():
     w = torch.rand(hidden, device="cuda")
     y = torch.empty_like(x)
     stream = torch.cuda.Stream()
-    kernel = standin.compile_rms_norm("float16", hidden)
+    kernel = standin.compile_rms_norm("float16", hidden, EPS)
     fd = standin.from_dlpack
     cu_stream = standin.cuda.CUstream(stream.cuda_stream)
-    prepared = (fd(x, assumed_align=16), fd(w, assumed_align=16), fd(y, assumed_align=16), tokens, EPS, cu_stream)
+    prepared = (fd(x, assumed_align=16), fd(w, assumed_align=16), fd(y, assumed_align=16), tokens, cu_stream)
     bare = time_host(lambda: kernel(*prepared))
     fields = trt_standin.PluginFieldCollection(
         [trt_standin.PluginField("epsilon", np.array([EPS], np.float32), trt_standin.PluginFieldType.FLOAT32)])

@@ -42,6 +42,14 @@ def test_without_a_gpu_the_script_says_so_and_exits_2():
     assert "Inference result" not in out
 
 
+def test_without_a_gpu_the_aot_script_says_so_and_exits_2():
+    aot_script = SAMPLE_PATH.parent / "rms_norm_aot_cutedsl.py"
+    proc = subprocess.run([sys.executable, str(aot_script)], capture_output=True, text=True, timeout=300,
+                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == EXIT_USAGE
+    assert_one_sentence(proc.stderr, "no CUDA GPU")
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

@@ -20,7 +20,7 @@ def _ptx_to_tmp(tmp_path, monkeypatch):
 
 
 def ptx_of(dtype, hidden, arch):
-    return sample.compile_rms_norm(dtype, hidden, arch, keep_ptx=True).__ptx__
+    return sample.compile_rms_norm(dtype, hidden, arch=arch, keep_ptx=True).__ptx__
 
 
 def global_accesses(ptx):
@@ -53,6 +53,15 @@ def test_sum_of_squares_is_accumulated_in_fp32():
     assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.bf16.f32" in ptx, "cast to bf16 happens once, on store"
 
 
+def test_kernel_entry_takes_x_w_num_tokens_y_in_tensorrts_aot_order():
+    """The .entry parameters are exactly (u64 X, u64 W, u32 num_tokens, u64 Y)."""
+    ptx = ptx_of("float16", 1024, "sm_90a")
+    entries = re.findall(r"\.visible \.entry (\w+)\(([^)]*)\)", ptx)
+    assert len(entries) == 1
+    params = re.findall(r"\.param \.(\w+)", entries[0][1])
+    assert params == ["u64", "u64", "u32", "u64"], params
+
+
 def test_reduction_uses_warp_shuffles():
     ptx = ptx_of("float16", 1024, "sm_90a")
     assert "shfl.sync.bfly.b32" in ptx
@@ -73,8 +82,9 @@ def test_out_of_range_hidden_is_refused(hidden):
 
 
 def test_every_baked_in_value_is_in_the_compile_cache_key():
-    a = sample.compile_rms_norm("float16", 1024, "sm_90a")
-    assert sample.compile_rms_norm("float16", 1024, "sm_90a") is a
-    assert sample.compile_rms_norm("bfloat16", 1024, "sm_90a") is not a
-    assert sample.compile_rms_norm("float16", 1000, "sm_90a") is not a
-    assert sample.compile_rms_norm("float16", 1024, "sm_80") is not a
+    a = sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a")
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a") is a
+    assert sample.compile_rms_norm("bfloat16", 1024, 1e-5, arch="sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a

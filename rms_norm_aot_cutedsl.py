@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The same CuteDSL RMSNorm, embedded ahead of time: an engine that runs without Python.
+
+A Python ``IPluginV3`` (rms_norm_plugin_cutedsl.py) calls back into Python on
+every inference, and its engine loads only in a Python process that registered
+the creator: not in ``trtexec``, a C++ application or a C++ inference server.
+TensorRT's quickly deployable plugins (``tensorrt.plugin``, TensorRT >= 10.9)
+take an ahead-of-time implementation instead: ``@trtp.aot_impl`` returns a
+kernel name, its PTX, launch dimensions and symbolic extra arguments, and
+TensorRT embeds the PTX in the engine and launches it itself. This file does
+that with the sample's CuteDSL kernel and a dynamic token count.
+
+What you will learn
+-------------------
+* How the kernel's parameter list is made to match TensorRT's AOT calling
+  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y).
+* How to pick the PTX ISA version so the deployment driver can load it.
+* How to register a QDP op with an AOT implementation and build, run and save
+  an engine that ``trtexec`` loads without this file.
+
+Which flavor to choose
+----------------------
+Python plugin: prototyping, any Python in ``enqueue``, runtime-compiled for the
+exact GPU. AOT plugin: deployment, ``trtexec``, C++ and Triton; no Python at
+run time and no per-call Python cost. Both run the same kernel.
+
+How to run it (TensorRT >= 10.9, SM80+ GPU)
+-------------------------------------------
+    python3 rms_norm_aot_cutedsl.py --engine rms_norm_aot.engine
+    trtexec --loadEngine=rms_norm_aot.engine --shapes=X:128x1024
+
+Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage
+or environment error.
+"""
+
+# No `from __future__ import annotations`: tensorrt.plugin inspects the
+# annotations of the functions below as real types.
+import os
+import re
+import sys
+
+try:
+    import rms_norm_plugin_cutedsl as sample
+except ImportError as exc:  # the shared kernel needs CuteDSL, torch and cupy
+    if __name__ != "__main__":
+        raise
+    print(f"error: Python package '{exc.name}' is missing; install the sample's packages with "
+          "`pip install -r requirements.txt`", file=sys.stderr)
+    sys.exit(2)
+from rms_norm_plugin_cutedsl import EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE, UsageError
+
+OP_NAME = "rms_norm_cutedsl::rms_norm"
+
+# %% [1] The PTX TensorRT embeds ------------------------------------------------
+#
+# TensorRT hands the embedded PTX to the driver when the engine is loaded, and
+# a driver refuses PTX whose ISA version is newer than it knows
+# (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): CuteDSL's CUDA 13 build writes
+# ".version 9.x", which a CUDA 13.0 driver already rejects. The kernel needs
+# nothing newer than the ISA that introduced its target, so the PTX is
+# rewritten to that version (never below 8.0, CUDA 12.0); the CPU tests let
+# ptxas confirm the kernel assembles at exactly these versions.
+
+AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
+MIN_DRIVER = {"8.0": "525 (CUDA 12.0)", "8.6": "565 (CUDA 12.7)", "8.7": "570 (CUDA 12.8)"}
+
+
+def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str):
+    """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in."""
+    if arch not in AOT_PTX_ISA:
+        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+    ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, keep_ptx=True).__ptx__
+    ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
+    (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
+    return name, ptx, sample.plan_kernel(hidden)
+
+
+def aot_launch_dims(plan, num_tokens):
+    """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and TensorRT's symbols.
+
+    These must equal what rms_norm_launch uses: the PTX requires exactly
+    plan.cta_threads threads (.reqntid) and the cross-warp reduction keeps one
+    float per warp of each row in dynamic shared memory.
+    """
+    grid = (num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta
+    warps = plan.threads_per_row // 32
+    smem = 4 * warps * plan.rows_per_cta if warps > 1 else 0
+    return grid, plan.cta_threads, smem
+
+
+# %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------
+#
+# Registered inside a function, so importing this file does no work and does
+# not need tensorrt. Attributes of an AOT plugin are not stored in the engine
+# (only the PTX is), and AOT extra arguments are symbolic int32 values, so
+# epsilon cannot be a kernel argument: it is baked into the PTX, which is
+# exactly what the sample's kernel does anyway (see compile_rms_norm).
+
+_REGISTERED = False
+
+
+def register_aot_op(arch: str):
+    """Register the op with tensorrt.plugin (idempotent); `arch` is the GPU the PTX is made for."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from typing import List, Tuple, Union
+
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+
+    @trtp.register(OP_NAME)
+    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float) -> trtp.TensorDesc:
+        """Y has X's shape and dtype."""
+        return x.like()
+
+    @trtp.autotune(OP_NAME)
+    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float,
+                         outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        """X and Y fp16 or bf16 (tied by '|'), W fp32, all linear: what the kernel handles."""
+        return [trtp.AutoTuneCombination("FP16|BF16, FP32, FP16|BF16", "LINEAR")]
+
+    @trtp.aot_impl(OP_NAME)
+    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float, outputs: Tuple[trtp.TensorDesc],
+                     tactic: int) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+        hidden_expr = x.shape_expr[1]
+        if not hidden_expr.is_constant:
+            raise ValueError(f"{OP_NAME}: the hidden dimension must be static (it is compiled into the kernel)")
+        name, ptx, plan = aot_kernel(names[x.dtype], int(hidden_expr.constant_value), epsilon, arch)
+        num_tokens = x.shape_expr[0]
+        grid, block, smem = aot_launch_dims(plan, num_tokens)
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x = grid
+        launch.block_x = int(block)
+        launch.shared_mem = int(smem)
+        # The kernel's parameters are (X, W, num_tokens, Y): TensorRT passes the
+        # input pointers, then these extra arguments, then the output pointers.
+        extra = trtp.SymIntExprs(1)
+        extra[0] = trtp.SymInt32(num_tokens)
+        return name, ptx, launch, extra
+
+    _REGISTERED = True
+
+
+def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float):
+    """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself."""
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+    import torch
+    from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
+
+    major, minor = torch.cuda.get_device_capability()
+    register_aot_op(f"sm_{major}{minor}{'a' if major >= 9 else ''}")
+    builder, network = create_network(strongly_typed=True)
+    x = network.add_input("X", {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype], (-1, hidden))
+    w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
+    op = trtp.op.rms_norm_cutedsl.rms_norm
+    y = network.add_plugin(op(x, w, epsilon=float(epsilon)), aot=True).get_output(0)
+    y.name = "Y"
+    network.mark_output(y)
+    profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
+    return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+
+
+def load_aot_engine(path: str):
+    """Deserialize an AOT engine: nothing to register, the kernel travels inside the engine."""
+    import tensorrt as trt
+    from polygraphy.backend.trt import get_trt_logger
+
+    with open(path, "rb") as f:
+        data = f.read()
+    engine = trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
+    if engine is None:
+        raise sample.EngineLoadError(f"cannot deserialize engine file '{path}'; delete it to rebuild")
+    return engine
+
+
+# %% [3] Command line -----------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
+                                "run it and check it against NumPy.")
+    args = sample.validate_args(parser, parser.parse_args(argv))
+    try:
+        sample.check_environment()
+        try:
+            import tensorrt.plugin  # noqa: F401
+        except ImportError:
+            raise UsageError("this TensorRT has no tensorrt.plugin module; the AOT flavor needs TensorRT 10.9 or newer") from None
+        if args.engine and os.path.exists(args.engine):
+            engine = load_aot_engine(args.engine)
+            print(f"Loaded engine from {args.engine}")
+        else:
+            engine = build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
+                                      args.max_tokens, args.epsilon)
+            if args.engine:
+                with open(args.engine, "wb") as f:
+                    f.write(engine.serialize())
+                print(f"Saved engine to {args.engine}; run it without Python plugins: "
+                      f"trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
+    except (UsageError, sample.EngineLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    counts = sample.token_counts(args)
+    print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+          f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+    correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+    print("Inference result correct!" if correct else "Inference result incorrect!")
+    return EXIT_CORRECT if correct else EXIT_INCORRECT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Real TensorRT >= 10.9 (marker `trt`): the AOT flavor end to end. Skipped where TensorRT is absent."""
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.trt
+AOT_SCRIPT = ROOT / "rms_norm_aot_cutedsl.py"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_aot_script_builds_runs_and_checks(dtype):
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Inference result correct!" in proc.stdout
+
+
+RUN_ENGINE = """
+import sys, numpy as np, torch
+from polygraphy.backend.trt import TrtRunner
+engine_path, out_path, build = sys.argv[1], sys.argv[2], sys.argv[3] == "build"
+if build:
+    sys.path.insert(0, {root!r})
+    import rms_norm_aot_cutedsl as aot
+    engine = aot.build_aot_engine(1024, "float16", 1, 128, 512, 1e-5)
+    open(engine_path, "wb").write(engine.serialize())
+else:
+    import tensorrt as trt
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(engine_path, "rb").read())
+    assert not [m for m in sys.modules if m.startswith("rms_norm")], "the loader must not import the plugin"
+gen = torch.Generator().manual_seed(7)
+x = torch.randn(128, 1024, generator=gen).half()
+w = torch.rand(1024, generator=gen)
+torch.cuda.synchronize()
+with TrtRunner(engine) as runner:
+    y = runner.infer({{"X": x.cuda(), "W": w.cuda()}})["Y"]
+np.save(out_path, (y.cpu().numpy() if torch.is_tensor(y) else np.asarray(y)).view(np.uint16))
+"""
+
+
+def test_aot_engine_runs_in_a_process_that_never_imports_the_plugin(tmp_path):
+    engine = tmp_path / "rms_aot.engine"
+    code = RUN_ENGINE.format(root=str(ROOT))
+    for mode in ("build", "load"):
+        proc = subprocess.run([sys.executable, "-c", code, str(engine), str(tmp_path / f"{mode}.npy"), mode],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(tmp_path / "build.npy"), np.load(tmp_path / "load.npy"))
+
+
+@pytest.mark.skipif(shutil.which("trtexec") is None, reason="trtexec is not on PATH")
+def test_trtexec_loads_the_aot_engine(tmp_path):
+    engine = tmp_path / "rms_aot.engine"
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run(["trtexec", f"--loadEngine={engine}", "--shapes=X:128x1024"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
