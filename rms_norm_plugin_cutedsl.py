@@ -38,6 +38,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -310,10 +311,10 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     """Compile the launcher for one dtype, hidden size and epsilon, once per process.
 
     The cache key is exactly what the compiled code bakes in: dtype, hidden,
-    epsilon (as the float32 the kernel uses) and the GPU architecture. ``arch`` (e.g. ``"sm_90a"``) compiles without a
-    GPU; ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache
-    and returns a fresh compilation whose ``__ptx__`` holds the PTX (CuteDSL
-    also writes it to ``CUTE_DSL_DUMP_DIR``, by default the working directory).
+    epsilon (as the float32 the kernel uses) and the GPU architecture.
+    ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU; ``None`` targets the
+    current GPU. ``keep_ptx=True`` bypasses the cache and returns a fresh
+    compilation whose ``__ptx__`` holds the PTX text.
     """
     plan_kernel(hidden)  # a clear ValueError before any tracing
     epsilon = validate_epsilon(epsilon)
@@ -331,15 +332,12 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
             fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
             fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
             fake_w = fake(Float32, (hidden,), assumed_align=16)
-            compiled = cute.compile(
-                rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), hidden, epsilon,
-                options=f"--gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else ""),
-            )
-            if keep_ptx:
-                return compiled
-            _COMPILED[key] = compiled
+            args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), hidden, epsilon)
+            if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
+                with tempfile.TemporaryDirectory() as dump_dir:
+                    return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
+            _COMPILED[key] = cute.compile(*args, options=f"--gpu-arch {arch}")
         return _COMPILED[key]
-
 
 
 def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EPSILON, out=None):

@@ -13,11 +13,6 @@ import rms_norm_plugin_cutedsl as sample
 ARCHES = ["sm_80", "sm_90a"]
 
 
-@pytest.fixture(autouse=True)
-def _ptx_to_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # CuteDSL writes kept PTX files to the working directory
-
-
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 4096, 16384])

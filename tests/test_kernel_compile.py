@@ -14,11 +14,6 @@ HIDDEN = [1, 7, 100, 256, 1000, 1024, 4096, 8192, 16384]
 ARCHES = ["sm_80", "sm_90a"]
 
 
-@pytest.fixture(autouse=True)
-def _ptx_to_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # CuteDSL writes kept PTX files to the working directory
-
-
 def ptx_of(dtype, hidden, arch):
     return sample.compile_rms_norm(dtype, hidden, arch=arch, keep_ptx=True).__ptx__
 
