@@ -155,7 +155,10 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
 
     major, minor = torch.cuda.get_device_capability()
-    register_aot_op(f"sm_{major}{minor}{'a' if major >= 9 else ''}")
+    arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    if arch not in AOT_PTX_ISA:  # refuse before TensorRT calls aot_impl, where an error is only a log line
+        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+    register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
     x = network.add_input("X", {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype], (-1, hidden))
     w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
