@@ -31,6 +31,17 @@ def test_kernel_matches_numpy(tokens, hidden, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("tokens", [1, 37, 512])
+def test_largest_supported_hidden(tokens, dtype):
+    """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction."""
+    hidden = sample.MAX_HIDDEN
+    x, w = sample.make_inputs(tokens, hidden, dtype, seed=tokens)
+    y = _run(x.cuda(), w.cuda(), 1e-5)
+    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), 1e-5, dtype)
+    assert ok, f"max abs error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_zero_rows_give_zeros(dtype):
     x, w = sample.make_inputs(64, 1024, dtype, seed=1)
     x[5] = 0
