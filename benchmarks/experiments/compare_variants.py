@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Time the sample's kernel against the variants in variants.py on one GPU, interleaved.
+
+For every shape: each variant is checked against a float64 reference (output
+poisoned with NaN first), then copy_ and every variant are timed by CUDA-graph
+replay (benchmarks/bench_rms_norm.py's time_device) in --rounds interleaved
+rounds, so slow drift of the shared machine hits all of them alike. Printed:
+median us and median (min-max) ratio to copy_. fp16 X/Y, fp32 W, eps 1e-5.
+
+    python3 benchmarks/experiments/compare_variants.py                 # the NOTES.md table
+    python3 benchmarks/experiments/compare_variants.py --once 4096x4096  # one launch each, for ncu
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+import cuda.bindings.driver as cuda  # noqa: E402
+from cutlass.cute.runtime import from_dlpack  # noqa: E402
+
+import variants  # noqa: E402
+from bench_rms_norm import time_device, time_eager  # noqa: E402
+
+s = variants.s
+EPS = 1e-5
+SHAPES = ["1x1024", "128x1024", "512x1024", "4096x100", "4096x1024", "2048x4096", "4096x4096", "8192x4096",
+          "16384x4096", "4096x8192", "4096x16384", "32768x8192"]
+
+
+def build(name, hidden, tokens, w_first):
+    """(callable(prep, stream), label) for one variant at one shape."""
+    plan = s.plan_kernel(hidden)
+    split = (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread)
+    groups = (tokens + plan.rows_per_cta - 1) // plan.rows_per_cta
+    if name == "base":
+        k = s.compile_rms_norm("float16", hidden, EPS)
+        return lambda p, st: k(*p, tokens, st)
+    if name == "wfirst":
+        k = w_first.compile_rms_norm("float16", hidden, EPS)
+        return lambda p, st: k(*p, tokens, st)
+    if name == "P":
+        k = variants.compile_p("float16", hidden, *split)
+        return lambda p, st: k(*p, tokens, groups, st)
+    if name.startswith("P-k"):  # persistent: k CTAs per SM
+        per_sm = int(name[3:])
+        grid = min(groups, per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
+        k = variants.compile_p("float16", hidden, *split)
+        return lambda p, st: k(*p, tokens, grid, st)
+    if name == "S":
+        k = variants.compile_s("float16", hidden, *split)
+        return lambda p, st: k(*p, tokens, st)
+    raise SystemExit(f"unknown variant {name!r}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variants", default="base,P,S,wfirst")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--once", metavar="NxH", help="launch every variant twice at this shape and exit (for ncu)")
+    args = parser.parse_args()
+    names = args.variants.split(",")
+    w_first = variants.load_w_first_sample() if "wfirst" in names else None
+    shapes = [args.once] if args.once else args.shapes.split(",")
+    print(f"# {torch.cuda.get_device_name()}; variants {names}; ratio = median time / median copy_ time "
+          f"(min-max over {args.rounds} rounds)", flush=True)
+    for shape in shapes:
+        tokens, hidden = map(int, shape.split("x"))
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+        w = torch.rand(hidden, device="cuda") + 0.5
+        y = torch.empty_like(x)
+        ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+        rtol, atol = s.TOLERANCE["float16"]
+        prep = tuple(from_dlpack(t, assumed_align=16) for t in (x, w, y))
+        fns = {}
+        for name in names:
+            run = build(name, hidden, tokens, w_first)
+            y.fill_(float("nan"))
+            run(prep, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+            torch.cuda.synchronize()
+            bad = ((y.double() - ref).abs() > atol + rtol * ref.abs()).sum().item() + y.isnan().sum().item()
+            if bad:
+                raise SystemExit(f"{name} is wrong at {shape}: {bad} elements out of tolerance")
+            fns[name] = lambda run=run: run(prep, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+        if args.once:
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            return
+        times = {k: [] for k in fns}
+        copies = []
+        for _ in range(args.rounds):
+            copy = lambda: y.copy_(x)  # noqa: E731
+            copies.append(min(time_device(copy, tokens, hidden), time_eager(copy, tokens, hidden)))
+            for k, fn in fns.items():
+                times[k].append(time_device(fn, tokens, hidden))
+        c = statistics.median(copies)
+        cells = [f"{k} {statistics.median(v):.2f} ({statistics.median(v) / c:.3f}; {min(v) / c:.3f}-{max(v) / c:.3f})"
+                 for k, v in times.items()]
+        print(f"{shape}: copy_ {c:.2f} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

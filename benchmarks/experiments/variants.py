@@ -1,0 +1,264 @@
+"""Kernel variants that were measured against the sample's kernel on the H200 and NOT adopted.
+
+Not part of the sample: kept so that the figures in benchmarks/NOTES.md can be
+reproduced with benchmarks/experiments/compare_variants.py. Each variant
+computes the same function as rms_norm_kernel (the script checks that before
+timing it).
+
+P      grid-stride row loop; W loaded once per CTA before the loop; the next
+       row's X prefetched into registers while the current one is reduced.
+       Launched with one CTA per row group (or a persistent grid).
+S      W staged in shared memory with cp.async (no registers for W), X in
+       registers; otherwise the sample's kernel.
+wfirst the sample's kernel with W's loads placed before X's in program order
+       (so ptxas issues all loads back to back), made by patching the source.
+"""
+
+import importlib.util
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
+
+import rms_norm_plugin_cutedsl as s  # noqa: E402
+
+
+def _fake_args(dtype, hidden):
+    elem = getattr(cutlass, s._CUTE_DTYPES[dtype])
+    tokens = cute.sym_int32()
+    fake = cute.runtime.make_fake_compact_tensor
+    return (fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16),
+            fake(Float32, (hidden,), assumed_align=16),
+            fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16))
+
+
+def _arch():
+    import torch
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+@cute.kernel
+def p_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
+             hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
+             tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr, prefetch: cutlass.Constexpr,
+             early_weight: cutlass.Constexpr):
+    num_vecs = hidden // vec
+    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
+    mX = cute.make_tensor(x_ptr, rows)
+    mY = cute.make_tensor(y_ptr, rows)
+    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, num_vecs), stride=(1, vec)))
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    row_in_cta = tidx // tpr
+    t = tidx % tpr
+    ragged = num_vecs % tpr != 0
+    tWrW = cute.make_rmem_tensor((vec, vpt), Float32)
+    tXrX = cute.make_rmem_tensor((vec, vpt), mX.element_type)
+    tYrY = cute.make_rmem_tensor((vec, vpt), mY.element_type)
+    tWrW.fill(0.0)
+    tXrX.fill(0.0)
+    row0 = bidx * rpc + row_in_cta
+    for k in cutlass.range_constexpr(vpt):
+        j = t + k * tpr
+        if not ragged or j < num_vecs:
+            if cutlass.const_expr(early_weight):
+                cute.autovec_copy(mW[None, j], tWrW[None, k])
+            if row0 < num_tokens:
+                cute.autovec_copy(mX[row0, (None, j)], tXrX[None, k])
+    warps_per_row = max(1, tpr // 32)
+    smem = cutlass.memory.SmemAllocator()
+    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc, 2)), 16)
+    num_tiles = (num_tokens + rpc - 1) // rpc
+    for tile in cutlass.range(bidx, num_tiles, gdim):
+        row = tile * rpc + row_in_cta
+        x = tXrX.load().to(Float32)
+        if cutlass.const_expr(prefetch):
+            nxt = row + gdim * rpc
+            if nxt < num_tokens:
+                for k in cutlass.range_constexpr(vpt):
+                    j = t + k * tpr
+                    if not ragged or j < num_vecs:
+                        cute.autovec_copy(mX[nxt, (None, j)], tXrX[None, k])
+        partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+        total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(tpr, 32))
+        if cutlass.const_expr(tpr > 32):
+            parity = ((tile - bidx) // gdim) % 2
+            if t % 32 == 0:
+                sSum[t // 32, row_in_cta, parity] = total
+            cute.arch.barrier()
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(warps_per_row):
+                total = total + sSum[w, row_in_cta, parity]
+        rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)
+        if cutlass.const_expr(not early_weight):
+            for k in cutlass.range_constexpr(vpt):
+                j = t + k * tpr
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(mW[None, j], tWrW[None, k])
+        tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
+        if row < num_tokens:
+            for k in cutlass.range_constexpr(vpt):
+                j = t + k * tpr
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
+        if cutlass.const_expr(not prefetch):
+            nxt = row + gdim * rpc
+            if nxt < num_tokens:
+                for k in cutlass.range_constexpr(vpt):
+                    j = t + k * tpr
+                    if not ragged or j < num_vecs:
+                        cute.autovec_copy(mX[nxt, (None, j)], tXrX[None, k])
+
+
+@cute.jit
+def p_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, grid: Int32,
+                stream: cuda.CUstream, hidden: cutlass.Constexpr, eps: cutlass.Constexpr,
+                tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr, prefetch: cutlass.Constexpr,
+                early_weight: cutlass.Constexpr, minb: cutlass.Constexpr):
+    vec = s.plan_kernel(hidden).vec
+    p_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt, prefetch,
+                early_weight).launch(grid=[grid, 1, 1], block=[tpr * rpc, 1, 1], stream=stream, min_blocks_per_mp=minb)
+
+
+def compile_p(dtype, hidden, tpr, rpc, vpt, prefetch=True, arch=None, early_weight=True, minb=0):
+    """P: call as kernel(mX, mW, mY, num_tokens, grid_ctas, stream)."""
+    return cute.compile(p_launch, *_fake_args(dtype, hidden), Int32(1), Int32(1), cute.runtime.make_fake_stream(),
+                        hidden, 1e-5, tpr, rpc, vpt, prefetch, early_weight, minb,
+                        options=f"--gpu-arch {arch or _arch()}")
+
+
+
+
+@cute.kernel
+def s_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
+             hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
+             tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr,
+             wvec: cutlass.Constexpr, l1: cutlass.Constexpr):
+    num_vecs = hidden // vec
+    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
+    mX = cute.make_tensor(x_ptr, rows)
+    mY = cute.make_tensor(y_ptr, rows)
+    num_wchunks = hidden // wvec
+    mWc = cute.make_tensor(w_ptr, cute.make_layout((wvec, num_wchunks), stride=(1, wvec)))
+    smem = cutlass.memory.SmemAllocator()
+    sWc = smem.allocate_tensor(Float32, cute.make_layout((wvec, num_wchunks), stride=(1, wvec)), 16)
+    sW = cute.make_tensor(sWc.iterator, cute.make_layout((vec, num_vecs), stride=(1, vec)))
+    warps_per_row = max(1, tpr // 32)
+    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc)), 16)
+
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    cta = tpr * rpc
+    row_in_cta = tidx // tpr
+    t = tidx % tpr
+    row = bidx * rpc + row_in_cta
+    row_ok = row < num_tokens
+    ragged = num_vecs % tpr != 0
+
+    # W -> shared memory, asynchronously, by every thread of the CTA.
+    mode = cpasync.LoadCacheMode.ALWAYS if l1 else cpasync.LoadCacheMode.GLOBAL
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), Float32, num_bits_per_copy=wvec * 32)
+    for c in cutlass.range_constexpr((num_wchunks + cta - 1) // cta):
+        ci = tidx + c * cta
+        if num_wchunks % cta == 0 or ci < num_wchunks:
+            cute.copy(atom, mWc[None, ci], sWc[None, ci])
+    cute.arch.cp_async_commit_group()
+
+    tXrX = cute.make_rmem_tensor((vec, vpt), mX.element_type)
+    tXrX.fill(0.0)
+    for k in cutlass.range_constexpr(vpt):
+        j = t + k * tpr
+        if not ragged or j < num_vecs:
+            if row_ok:
+                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+    x = tXrX.load().to(Float32)
+    partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(tpr, 32))
+    if cutlass.const_expr(tpr > 32):
+        if t % 32 == 0:
+            sSum[t // 32, row_in_cta] = total
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+    if cutlass.const_expr(tpr > 32):
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(warps_per_row):
+            total = total + sSum[w, row_in_cta]
+    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)
+    tWrW = cute.make_rmem_tensor((vec, vpt), Float32)
+    tWrW.fill(0.0)
+    for k in cutlass.range_constexpr(vpt):
+        j = t + k * tpr
+        if not ragged or j < num_vecs:
+            cute.autovec_copy(sW[None, j], tWrW[None, k])
+    tYrY = cute.make_rmem_tensor((vec, vpt), mY.element_type)
+    tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
+    if row_ok:
+        for k in cutlass.range_constexpr(vpt):
+            j = t + k * tpr
+            if not ragged or j < num_vecs:
+                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
+
+
+@cute.jit
+def s_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
+               hidden: cutlass.Constexpr, eps: cutlass.Constexpr, tpr: cutlass.Constexpr, rpc: cutlass.Constexpr,
+               vpt: cutlass.Constexpr, l1: cutlass.Constexpr):
+    vec = s.plan_kernel(hidden).vec
+    wvec = 4 if hidden % 4 == 0 else (2 if hidden % 2 == 0 else 1)
+    s_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt, wvec, l1).launch(
+        grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream)
+
+
+def compile_s(dtype, hidden, tpr, rpc, vpt, l1=True, arch=None):
+    """S: call as kernel(mX, mW, mY, num_tokens, stream)."""
+    return cute.compile(s_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
+                        hidden, 1e-5, tpr, rpc, vpt, l1, options=f"--gpu-arch {arch or _arch()}")
+
+
+
+
+
+_STEP1 = """    for k in cutlass.range_constexpr(vecs_per_thread):
+        j = t + k * threads_per_row
+        if not ragged or j < num_vecs:
+            if cutlass.const_expr(early_weight):
+                cute.autovec_copy(mW[None, j], tWrW[None, k])
+            if row_ok:
+                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+"""
+_STEP1_W_FIRST = """    if cutlass.const_expr(early_weight):
+        for k in cutlass.range_constexpr(vecs_per_thread):
+            j = t + k * threads_per_row
+            if not ragged or j < num_vecs:
+                cute.autovec_copy(mW[None, j], tWrW[None, k])
+    for k in cutlass.range_constexpr(vecs_per_thread):
+        j = t + k * threads_per_row
+        if not ragged or j < num_vecs:
+            if row_ok:
+                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+"""
+
+
+def load_w_first_sample():
+    """wfirst: the sample module with Step 1 reordered (all W loads, then all X loads)."""
+    source = open(os.path.join(ROOT, "rms_norm_plugin_cutedsl.py")).read()
+    if _STEP1 not in source:
+        raise RuntimeError("Step 1 of the sample's kernel changed; update _STEP1 in variants.py")
+    path = os.path.join(tempfile.mkdtemp(), "rms_norm_w_first.py")
+    with open(path, "w") as f:
+        f.write(source.replace(_STEP1, _STEP1_W_FIRST))
+    spec = importlib.util.spec_from_file_location("rms_norm_w_first", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rms_norm_w_first"] = module
+    spec.loader.exec_module(module)
+    return module
