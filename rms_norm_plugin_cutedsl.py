@@ -126,7 +126,7 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 VECTOR_BYTES = 16          # widest global load/store per thread (ld.global.v4.b32)
 SHORT_ROW_BYTES = 4096     # rows up to this size are latency-bound, longer ones bandwidth-bound
-EARLY_WEIGHT_ROW_BYTES = 16384  # up to this row size W is loaded with X; longer rows load it late
+EARLY_WEIGHT_ROW_BYTES = 16384  # up to this row size W is loaded before the reduction; longer rows after it
 MIN_CTA_THREADS = 128      # short rows are packed until a CTA has this many threads
 MAX_THREADS_PER_ROW = 1024  # one CTA per row at most
 MAX_HIDDEN = 32768         # 1024 threads x 4 vectors x 8 elements: the whole row fits in registers
@@ -141,7 +141,7 @@ class KernelPlan:
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
-    early_weight: bool    # load W together with X, or after the reduction (very long rows)
+    early_weight: bool    # load W before the reduction, or after it (very long rows)
 
     @property
     def cta_threads(self) -> int:
@@ -153,11 +153,16 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
 
     Short rows are latency-bound: 2 vectors per thread keeps each thread's
     chain of loads short. Longer rows are bandwidth-bound: 4 vectors per
-    thread keeps more bytes in flight per thread. W is fetched together with
-    X so both latencies overlap, except for very long rows, where holding W
-    in registers through the reduction would cost so many registers that
-    fewer CTAs fit on an SM (measured on the H200: hidden 16384 ran 25% faster
-    with W fetched after the reduction, hidden 4096 3% slower).
+    thread keeps more bytes in flight per thread. W is requested before the
+    cross-thread reduction, so its latency (a cache hit: every row reads the
+    same W) hides behind the shuffles and the barrier. ptxas issues those
+    loads once the thread's X has arrived, not alongside X (seen in the
+    sm_90a SASS); putting them first made every load go out at once but ran
+    4-14% slower from 4096 x 4096 up and 3-4% slower at 1-512 x 1024
+    (benchmarks/NOTES.md). Very long rows fetch W only after the reduction:
+    holding it through the reduction would cost so many registers that fewer
+    CTAs fit on an SM (measured on the H200: hidden 16384 ran 25% faster that
+    way, hidden 4096 3% slower).
     """
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden_dim must be in [1, {MAX_HIDDEN}], got {hidden}")

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Where the plugin's first enqueue spends its host time, on one GPU without TensorRT.
+
+Times each hop of the handoff (cupy UnownedMemory, cupy ndarray, torch.as_tensor,
+from_dlpack, CuteDSL's memref descriptor) on addresses it has not seen before,
+the first and second call of the compiled kernel with those new tensors, and
+the plugin's first and second enqueue (fresh plugin, fresh buffers) driven
+through the labelled TensorRT stand-in of tests/trt_standin.py. 128 x 1024 fp16.
+
+    python3 benchmarks/experiments/handoff_cost.py
+"""
+
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import trt_standin  # noqa: E402
+from conftest import load_sample  # noqa: E402
+
+TOKENS, HIDDEN, EPS = 128, 1024, 1e-5
+
+
+def us(t0):
+    return (time.perf_counter() - t0) * 1e6
+
+
+def main():
+    s = load_sample(trt_standin, "handoff_cost_sample")
+    from_dlpack = s.from_dlpack
+    buffers = [(torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.float16), torch.rand(HIDDEN, device="cuda"),
+                torch.empty(TOKENS, HIDDEN, device="cuda", dtype=torch.float16)) for _ in range(60)]
+    stream = torch.cuda.Stream()
+    cu_stream = s.cuda.CUstream(stream.cuda_stream)
+    kernel = s.compile_rms_norm("float16", HIDDEN, EPS)
+
+    x, w, y = buffers[0]
+    prepared = [from_dlpack(t, assumed_align=16) for t in (x, w, y)]
+    for _ in range(300):
+        kernel(*prepared, TOKENS, cu_stream)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3000):
+        kernel(*prepared, TOKENS, cu_stream)
+    bare = us(t0) / 3000
+    torch.cuda.synchronize()
+
+    hops = {k: [] for k in ("UnownedMemory", "cupy ndarray", "torch.as_tensor", "from_dlpack", "memref descriptor",
+                            "first call, 3 new tensors", "second call")}
+    for x, w, y in buffers[1:31]:
+        t0 = time.perf_counter()
+        memory = cp.cuda.UnownedMemory(x.data_ptr(), x.nbytes, owner=None, device_id=0)
+        hops["UnownedMemory"].append(us(t0))
+        t0 = time.perf_counter()
+        array = cp.ndarray((TOKENS, HIDDEN), dtype=np.float16, memptr=cp.cuda.MemoryPointer(memory, 0))
+        hops["cupy ndarray"].append(us(t0))
+        t0 = time.perf_counter()
+        view = torch.as_tensor(array, device="cuda:0")
+        hops["torch.as_tensor"].append(us(t0))
+        t0 = time.perf_counter()
+        cx = from_dlpack(view, assumed_align=16)
+        hops["from_dlpack"].append(us(t0))
+        t0 = time.perf_counter()
+        cx.__c_pointers__()
+        hops["memref descriptor"].append(us(t0))
+        cw = s.cute_tensor_from_pointer(w.data_ptr(), (HIDDEN,), "float32", 0)
+        cy = s.cute_tensor_from_pointer(y.data_ptr(), (TOKENS, HIDDEN), "float16", 0)
+        t0 = time.perf_counter()
+        kernel(cx, cw, cy, TOKENS, cu_stream)
+        hops["first call, 3 new tensors"].append(us(t0))
+        t0 = time.perf_counter()
+        kernel(cx, cw, cy, TOKENS, cu_stream)
+        hops["second call"].append(us(t0))
+    torch.cuda.synchronize()
+
+    fields = trt_standin.PluginFieldCollection(
+        [trt_standin.PluginField("epsilon", np.array([EPS], np.float32), trt_standin.PluginFieldType.FLOAT32)])
+    creator = s.RmsNormPluginCreator()
+    in_desc = [trt_standin.PluginTensorDesc((TOKENS, HIDDEN), trt_standin.DataType.HALF),
+               trt_standin.PluginTensorDesc((HIDDEN,), trt_standin.DataType.FLOAT)]
+    out_desc = [trt_standin.PluginTensorDesc((TOKENS, HIDDEN), trt_standin.DataType.HALF)]
+    first, second = [], []
+    for x, w, y in buffers[31:]:
+        plugin = creator.create_plugin("rms_norm", fields, trt_standin.TensorRTPhase.RUNTIME).attach_to_context(None)
+        plugin.on_shape_change(in_desc, out_desc)
+        torch.cuda.synchronize()
+        for out in (first, second):
+            t0 = time.perf_counter()
+            plugin.enqueue(in_desc, out_desc, [x.data_ptr(), w.data_ptr()], [y.data_ptr()], 0, stream.cuda_stream)
+            out.append(us(t0))
+        torch.cuda.synchronize()
+
+    print(f"# host microseconds, median, {torch.cuda.get_device_name()}, {TOKENS}x{HIDDEN} fp16")
+    print(f"bare compiled call, prepared arguments: {bare:.1f}")
+    for name, values in hops.items():
+        print(f"{name} (new address): {statistics.median(values):.1f}")
+    print(f"plugin enqueue, first (new plugin, new addresses): {statistics.median(first):.1f}")
+    print(f"plugin enqueue, second (cached handoff): {statistics.median(second):.1f}")
+
+
+if __name__ == "__main__":
+    main()
