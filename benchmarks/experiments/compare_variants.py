@@ -52,6 +52,9 @@ def build(name, hidden, tokens, w_first):
         grid = min(groups, per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
         k = variants.compile_p("float16", hidden, *split)
         return lambda p, st: k(*p, tokens, grid, st)
+    if name.startswith("P-min"):  # ask ptxas for at least N CTAs per SM (nvvm.minctasm)
+        k = variants.compile_p("float16", hidden, *split, minb=int(name[5:]))
+        return lambda p, st: k(*p, tokens, groups, st)
     if name == "S":
         k = variants.compile_s("float16", hidden, *split)
         return lambda p, st: k(*p, tokens, st)
