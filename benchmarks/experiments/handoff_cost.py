@@ -54,12 +54,12 @@ def main():
     bare = us(t0) / 3000
     torch.cuda.synchronize()
 
-    hops = {k: [] for k in ("UnownedMemory", "cupy ndarray", "torch.as_tensor", "from_dlpack", "memref descriptor",
-                            "first call, 3 new tensors", "second call")}
+    hops = {k: [] for k in ("UnownedMemory (new address)", "cupy ndarray", "torch.as_tensor", "from_dlpack",
+                            "memref descriptor", "first kernel call with the 3 new tensors", "second kernel call")}
     for x, w, y in buffers[1:31]:
         t0 = time.perf_counter()
         memory = cp.cuda.UnownedMemory(x.data_ptr(), x.nbytes, owner=None, device_id=0)
-        hops["UnownedMemory"].append(us(t0))
+        hops["UnownedMemory (new address)"].append(us(t0))
         t0 = time.perf_counter()
         array = cp.ndarray((TOKENS, HIDDEN), dtype=np.float16, memptr=cp.cuda.MemoryPointer(memory, 0))
         hops["cupy ndarray"].append(us(t0))
@@ -76,10 +76,10 @@ def main():
         cy = s.cute_tensor_from_pointer(y.data_ptr(), (TOKENS, HIDDEN), "float16", 0)
         t0 = time.perf_counter()
         kernel(cx, cw, cy, TOKENS, cu_stream)
-        hops["first call, 3 new tensors"].append(us(t0))
+        hops["first kernel call with the 3 new tensors"].append(us(t0))
         t0 = time.perf_counter()
         kernel(cx, cw, cy, TOKENS, cu_stream)
-        hops["second call"].append(us(t0))
+        hops["second kernel call"].append(us(t0))
     torch.cuda.synchronize()
 
     fields = trt_standin.PluginFieldCollection(
@@ -102,7 +102,7 @@ def main():
     print(f"# host microseconds, median, {torch.cuda.get_device_name()}, {TOKENS}x{HIDDEN} fp16")
     print(f"bare compiled call, prepared arguments: {bare:.1f}")
     for name, values in hops.items():
-        print(f"{name} (new address): {statistics.median(values):.1f}")
+        print(f"{name}: {statistics.median(values):.1f}")
     print(f"plugin enqueue, first (new plugin, new addresses): {statistics.median(first):.1f}")
     print(f"plugin enqueue, second (cached handoff): {statistics.median(second):.1f}")
 

@@ -49,8 +49,7 @@ def _arch():
 @cute.kernel
 def p_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
-             tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr, prefetch: cutlass.Constexpr,
-             early_weight: cutlass.Constexpr):
+             tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr):
     num_vecs = hidden // vec
     rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
     mX = cute.make_tensor(x_ptr, rows)
@@ -67,28 +66,27 @@ def p_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr:
     tYrY = cute.make_rmem_tensor((vec, vpt), mY.element_type)
     tWrW.fill(0.0)
     tXrX.fill(0.0)
+    # W and this CTA's first row, before the loop: the loop boundary keeps ptxas from delaying W.
     row0 = bidx * rpc + row_in_cta
     for k in cutlass.range_constexpr(vpt):
         j = t + k * tpr
         if not ragged or j < num_vecs:
-            if cutlass.const_expr(early_weight):
-                cute.autovec_copy(mW[None, j], tWrW[None, k])
+            cute.autovec_copy(mW[None, j], tWrW[None, k])
             if row0 < num_tokens:
                 cute.autovec_copy(mX[row0, (None, j)], tXrX[None, k])
     warps_per_row = max(1, tpr // 32)
     smem = cutlass.memory.SmemAllocator()
-    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc, 2)), 16)
+    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc, 2)), 16)  # 2: parity of the row
     num_tiles = (num_tokens + rpc - 1) // rpc
     for tile in cutlass.range(bidx, num_tiles, gdim):
         row = tile * rpc + row_in_cta
         x = tXrX.load().to(Float32)
-        if cutlass.const_expr(prefetch):
-            nxt = row + gdim * rpc
-            if nxt < num_tokens:
-                for k in cutlass.range_constexpr(vpt):
-                    j = t + k * tpr
-                    if not ragged or j < num_vecs:
-                        cute.autovec_copy(mX[nxt, (None, j)], tXrX[None, k])
+        nxt = row + gdim * rpc  # prefetch this thread's next row while the current one is reduced
+        if nxt < num_tokens:
+            for k in cutlass.range_constexpr(vpt):
+                j = t + k * tpr
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(mX[nxt, (None, j)], tXrX[None, k])
         partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
         total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(tpr, 32))
         if cutlass.const_expr(tpr > 32):
@@ -100,50 +98,34 @@ def p_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr:
             for w in cutlass.range_constexpr(warps_per_row):
                 total = total + sSum[w, row_in_cta, parity]
         rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)
-        if cutlass.const_expr(not early_weight):
-            for k in cutlass.range_constexpr(vpt):
-                j = t + k * tpr
-                if not ragged or j < num_vecs:
-                    cute.autovec_copy(mW[None, j], tWrW[None, k])
         tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
         if row < num_tokens:
             for k in cutlass.range_constexpr(vpt):
                 j = t + k * tpr
                 if not ragged or j < num_vecs:
                     cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
-        if cutlass.const_expr(not prefetch):
-            nxt = row + gdim * rpc
-            if nxt < num_tokens:
-                for k in cutlass.range_constexpr(vpt):
-                    j = t + k * tpr
-                    if not ragged or j < num_vecs:
-                        cute.autovec_copy(mX[nxt, (None, j)], tXrX[None, k])
 
 
 @cute.jit
 def p_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, grid: Int32,
-                stream: cuda.CUstream, hidden: cutlass.Constexpr, eps: cutlass.Constexpr,
-                tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr, prefetch: cutlass.Constexpr,
-                early_weight: cutlass.Constexpr, minb: cutlass.Constexpr):
+             stream: cuda.CUstream, hidden: cutlass.Constexpr, eps: cutlass.Constexpr,
+             tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr, minb: cutlass.Constexpr):
     vec = s.plan_kernel(hidden).vec
-    p_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt, prefetch,
-                early_weight).launch(grid=[grid, 1, 1], block=[tpr * rpc, 1, 1], stream=stream, min_blocks_per_mp=minb)
+    p_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt).launch(
+        grid=[grid, 1, 1], block=[tpr * rpc, 1, 1], stream=stream, min_blocks_per_mp=minb)
 
 
-def compile_p(dtype, hidden, tpr, rpc, vpt, prefetch=True, arch=None, early_weight=True, minb=0):
-    """P: call as kernel(mX, mW, mY, num_tokens, grid_ctas, stream)."""
+def compile_p(dtype, hidden, tpr, rpc, vpt, arch=None, minb=0):
+    """P: call as kernel(mX, mW, mY, num_tokens, grid_ctas, stream); minb > 0 asks ptxas for that many CTAs/SM."""
     return cute.compile(p_launch, *_fake_args(dtype, hidden), Int32(1), Int32(1), cute.runtime.make_fake_stream(),
-                        hidden, 1e-5, tpr, rpc, vpt, prefetch, early_weight, minb,
-                        options=f"--gpu-arch {arch or _arch()}")
-
-
+                        hidden, 1e-5, tpr, rpc, vpt, minb, options=f"--gpu-arch {arch or _arch()}")
 
 
 @cute.kernel
 def s_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
              tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr,
-             wvec: cutlass.Constexpr, l1: cutlass.Constexpr):
+             wvec: cutlass.Constexpr):
     num_vecs = hidden // vec
     rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
     mX = cute.make_tensor(x_ptr, rows)
@@ -166,8 +148,9 @@ def s_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr:
     ragged = num_vecs % tpr != 0
 
     # W -> shared memory, asynchronously, by every thread of the CTA.
-    mode = cpasync.LoadCacheMode.ALWAYS if l1 else cpasync.LoadCacheMode.GLOBAL
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), Float32, num_bits_per_copy=wvec * 32)
+    # .ca: W also lands in L1; .cg would allow only 16-byte copies, and hidden % 4 != 0 needs smaller ones.
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), Float32,
+                               num_bits_per_copy=wvec * 32)
     for c in cutlass.range_constexpr((num_wchunks + cta - 1) // cta):
         ci = tidx + c * cta
         if num_wchunks % cta == 0 or ci < num_wchunks:
@@ -211,18 +194,18 @@ def s_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr:
 
 @cute.jit
 def s_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
-               hidden: cutlass.Constexpr, eps: cutlass.Constexpr, tpr: cutlass.Constexpr, rpc: cutlass.Constexpr,
-               vpt: cutlass.Constexpr, l1: cutlass.Constexpr):
+             hidden: cutlass.Constexpr, eps: cutlass.Constexpr, tpr: cutlass.Constexpr, rpc: cutlass.Constexpr,
+             vpt: cutlass.Constexpr):
     vec = s.plan_kernel(hidden).vec
     wvec = 4 if hidden % 4 == 0 else (2 if hidden % 2 == 0 else 1)
-    s_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt, wvec, l1).launch(
+    s_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt, wvec).launch(
         grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream)
 
 
-def compile_s(dtype, hidden, tpr, rpc, vpt, l1=True, arch=None):
+def compile_s(dtype, hidden, tpr, rpc, vpt, arch=None):
     """S: call as kernel(mX, mW, mY, num_tokens, stream)."""
     return cute.compile(s_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
-                        hidden, 1e-5, tpr, rpc, vpt, l1, options=f"--gpu-arch {arch or _arch()}")
+                        hidden, 1e-5, tpr, rpc, vpt, options=f"--gpu-arch {arch or _arch()}")
 
 
 
