@@ -69,6 +69,27 @@ def test_row_stays_in_registers_and_enough_threads_fit_on_an_sm(tmp_path, dtype,
     assert ctas_per_sm * cta >= 768, f"{regs} registers x {cta} threads: {ctas_per_sm} CTAs per SM"
 
 
+def sum_of_squares_depth(ptx):
+    """Length of the longest chain of dependent FP32 multiply/adds feeding the kernel's first warp shuffle."""
+    depth = {}
+    for line in ptx.splitlines():
+        op = re.match(r"\s*(?:fma|add|mul)(?:\.rn)?\.f32\s+(%r\d+),\s*(.*);", line)
+        if op:
+            depth[op[1]] = 1 + max((depth.get(r, 0) for r in re.findall(r"%r\d+", op[2])), default=0)
+        shuffle = re.match(r"\s*shfl\.sync\.bfly\.b32\s+%r\d+,\s*(%r\d+)", line)
+        if shuffle:
+            return depth.get(shuffle[1], 0)
+    raise AssertionError("no warp shuffle in the PTX")
+
+
+@pytest.mark.parametrize("hidden", [100, 1000, 1024, 4096, 8192, 16384])
+def test_each_thread_sums_its_squares_in_a_short_chain(hidden):
+    """Every row waits for this chain before its shuffles: vec + vecs_per_thread adds, not their product."""
+    plan = sample.plan_kernel(hidden)
+    depth = sum_of_squares_depth(ptx_of("float16", hidden, "sm_90a"))
+    assert 0 < depth <= plan.vec + plan.vecs_per_thread + 1, (depth, plan)
+
+
 def test_sum_of_squares_is_accumulated_in_fp32():
     ptx = ptx_of("bfloat16", 4096, "sm_90a")
     assert re.search(r"\bfma\.rn\.f32\b|\bmul\.rn\.f32\b|\badd\.rn\.f32\b|\bmul\.f32\b|\badd\.f32\b", ptx)
