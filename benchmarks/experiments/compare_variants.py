@@ -14,6 +14,7 @@ median us and median (min-max) ratio to copy_. fp16 X/Y, fp32 W, eps 1e-5.
 
 import argparse
 import os
+import re
 import statistics
 import sys
 
@@ -34,7 +35,7 @@ SHAPES = ["1x1024", "128x1024", "512x1024", "4096x100", "4096x1024", "2048x4096"
           "16384x4096", "4096x8192", "4096x16384", "32768x8192"]
 
 
-def build(name, hidden, tokens, w_first):
+def build(name, hidden, tokens, patched):
     """(callable(prep, stream), label) for one variant at one shape."""
     plan = s.plan_kernel(hidden)
     split = (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread)
@@ -42,8 +43,8 @@ def build(name, hidden, tokens, w_first):
     if name == "base":
         k = s.compile_rms_norm("float16", hidden, EPS)
         return lambda p, st: k(*p, tokens, st)
-    if name == "wfirst":
-        k = w_first.compile_rms_norm("float16", hidden, EPS)
+    if name in patched:
+        k = patched[name].compile_rms_norm("float16", hidden, EPS)
         return lambda p, st: k(*p, tokens, st)
     if name == "P":
         k = variants.compile_p("float16", hidden, *split)
@@ -56,6 +57,11 @@ def build(name, hidden, tokens, w_first):
     if name.startswith("P-min"):  # ask ptxas for at least N CTAs per SM (nvvm.minctasm)
         k = variants.compile_p("float16", hidden, *split, minb=int(name[5:]))
         return lambda p, st: k(*p, tokens, groups, st)
+    if name.startswith("B"):  # B<threads per row>x<rows per CTA>[L: W after the reduction][m<N>: N CTAs/SM hint]
+        m = re.fullmatch(r"B(\d+)x(\d+)(L?)(?:m(\d+))?", name)
+        tpr, rpc = int(m[1]), int(m[2])
+        k = variants.compile_split("float16", hidden, tpr, rpc, not m[3], int(m[4] or 0))
+        return lambda p, st: k(*p, tokens, st)
     if name == "S":
         k = variants.compile_s("float16", hidden, *split)
         return lambda p, st: k(*p, tokens, st)
@@ -70,7 +76,9 @@ def main():
     parser.add_argument("--once", metavar="NxH", help="launch every variant twice at this shape and exit (for ncu)")
     args = parser.parse_args()
     names = args.variants.split(",")
-    w_first = variants.load_w_first_sample() if "wfirst" in names else None
+    loaders = {"wfirst": variants.load_w_first_sample, "chain": variants.load_chain_sample,
+               "tree": variants.load_tree_sample}
+    patched = {name: loaders[name]() for name in names if name in loaders}
     shapes = [args.once] if args.once else args.shapes.split(",")
     print(f"# {torch.cuda.get_device_name()}; variants {names}; ratio = median time / median copy_ time "
           f"(min-max over {args.rounds} rounds)", flush=True)
@@ -84,7 +92,16 @@ def main():
         prep = tuple(from_dlpack(t, assumed_align=16) for t in (x, w, y))
         fns = {}
         for name in names:
-            run = build(name, hidden, tokens, w_first)
+            if name == "add":  # reference point, not a variant: a copy-shaped elementwise kernel
+                fns[name] = lambda: torch.add(x, 0, out=y)
+                continue
+            if name == "compile":  # reference point: torch.compile of the same formula, as in bench_rms_norm.py
+                compiled = torch.compile(lambda x, w: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True)
+                                                                               + EPS) * w).to(x.dtype), dynamic=False)
+                compiled(x, w)
+                fns[name] = lambda compiled=compiled: compiled(x, w)
+                continue
+            run = build(name, hidden, tokens, patched)
             y.fill_(float("nan"))
             run(prep, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
             torch.cuda.synchronize()

@@ -10,6 +10,11 @@ P      grid-stride row loop; W loaded once per CTA before the loop; the next
        Launched with one CTA per row group (or a persistent grid).
 S      W staged in shared memory with cp.async (no registers for W), X in
        registers; otherwise the sample's kernel.
+B      the sample's kernel with another thread split (threads per row,
+       rows per CTA), W early or late, optionally a ptxas CTAs-per-SM hint.
+chain  the sample's Step 2 as it was until the two-stage sum was adopted: one
+       running sum of squares per thread (vec * vecs_per_thread dependent FMAs).
+tree   the sample's kernel with that sum taken as a pairwise tree.
 wfirst the sample's kernel with W's loads placed before X's in program order
        (so ptxas issues all loads back to back), made by patching the source.
 """
@@ -121,6 +126,23 @@ def compile_p(dtype, hidden, tpr, rpc, vpt, arch=None, minb=0):
                         hidden, 1e-5, tpr, rpc, vpt, minb, options=f"--gpu-arch {arch or _arch()}")
 
 
+@cute.jit
+def split_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
+                 hidden: cutlass.Constexpr, eps: cutlass.Constexpr, tpr: cutlass.Constexpr, rpc: cutlass.Constexpr,
+                 early_weight: cutlass.Constexpr, minb: cutlass.Constexpr):
+    vec = s.plan_kernel(hidden, mX.element_type.width // 8).vec
+    vpt = (hidden // vec + tpr - 1) // tpr
+    s.rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator,
+                      hidden, eps, vec, tpr, rpc, vpt, early_weight).launch(
+        grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream, min_blocks_per_mp=minb)
+
+
+def compile_split(dtype, hidden, tpr, rpc, early_weight, minb=0, arch=None):
+    """B: the sample's own kernel with another thread split; call as kernel(mX, mW, mY, num_tokens, stream)."""
+    return cute.compile(split_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
+                        hidden, 1e-5, tpr, rpc, early_weight, minb, options=f"--gpu-arch {arch or _arch()}")
+
+
 @cute.kernel
 def s_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
@@ -208,9 +230,6 @@ def compile_s(dtype, hidden, tpr, rpc, vpt, arch=None):
                         hidden, 1e-5, tpr, rpc, vpt, options=f"--gpu-arch {arch or _arch()}")
 
 
-
-
-
 _STEP1 = """    for k in cutlass.range_constexpr(vecs_per_thread):
         j = t + k * threads_per_row
         if not ragged or j < num_vecs:
@@ -232,16 +251,47 @@ _STEP1_W_FIRST = """    if cutlass.const_expr(early_weight):
 """
 
 
-def load_w_first_sample():
-    """wfirst: the sample module with Step 1 reordered (all W loads, then all X loads)."""
+_REDUCE = """    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
+    partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+"""
+_REDUCE_CHAIN = "    partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)\n"
+_REDUCE_TREE = """    sq = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
+    sq.store(x * x)
+    n = vec * vecs_per_thread
+    for level in cutlass.range_constexpr(math.ceil(math.log2(n)) if n > 1 else 0):
+        half = n // 2
+        for i in cutlass.range_constexpr(half):
+            sq[i] = sq[i] + sq[i + n - half]
+        n = n - half
+    partial = sq[0]
+"""
+
+
+def _load_patched_sample(name, old, new):
+    """The sample module with one piece of its source replaced."""
     source = open(os.path.join(ROOT, "rms_norm_plugin_cutedsl.py")).read()
-    if _STEP1 not in source:
-        raise RuntimeError("Step 1 of the sample's kernel changed; update _STEP1 in variants.py")
-    path = os.path.join(tempfile.mkdtemp(), "rms_norm_w_first.py")
+    if old not in source:
+        raise RuntimeError(f"the sample's kernel changed; update the {name} patch in variants.py")
+    path = os.path.join(tempfile.mkdtemp(), f"rms_norm_{name}.py")
     with open(path, "w") as f:
-        f.write(source.replace(_STEP1, _STEP1_W_FIRST))
-    spec = importlib.util.spec_from_file_location("rms_norm_w_first", path)
+        f.write(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(f"rms_norm_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["rms_norm_w_first"] = module
+    sys.modules[f"rms_norm_{name}"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_w_first_sample():
+    """wfirst: the sample module with Step 1 reordered (all W loads, then all X loads)."""
+    return _load_patched_sample("w_first", _STEP1, _STEP1_W_FIRST)
+
+
+def load_chain_sample():
+    """chain: the sample module with the per-thread sum of squares as one running sum (vec * vecs_per_thread deep)."""
+    return _load_patched_sample("chain", _REDUCE, _REDUCE_CHAIN)
+
+
+def load_tree_sample():
+    """tree: the sample module with the per-thread sum of squares taken as a pairwise tree (log depth)."""
+    return _load_patched_sample("tree", _REDUCE, _REDUCE_TREE)
