@@ -51,8 +51,8 @@ def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
 def test_row_stays_in_registers_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
     """No spills (a row lives in registers) and >= 768 resident threads per SM on sm_90 (64K registers).
 
-    768 is what the plan gives the register-heaviest rows (hidden 4096 and 8192: 79 registers, 6 CTAs of
-    128 / 3 of 256 threads); one more register allocation step there would drop a CTA per SM, i.e. fewer
+    768 is what the plan gives the register-heaviest rows (hidden 4096 and 8192: 78-80 registers, 6 CTAs
+    of 128 / 3 of 256 threads); one more register allocation step there would drop a CTA per SM, i.e. fewer
     rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
     """
     path = tmp_path / "k.ptx"
