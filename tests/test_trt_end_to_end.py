@@ -5,7 +5,6 @@ engine, chooses formats, calls the plugin through its own bindings, captures
 it in its own CUDA graph and deserializes it in a fresh process.
 """
 
-import os
 import subprocess
 import sys
 
