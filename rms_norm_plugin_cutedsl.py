@@ -444,7 +444,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         self._kernel = None      # compiled launcher, set by on_shape_change
         self._io = None          # (dtype, hidden) the kernel was compiled for
         self._device = None
-        self._launch_args = {}   # (x, w, y addresses, num_tokens) -> launcher arguments
+        self._wrapped = {}       # (x, w, y addresses) -> their CuTe tensors (the handoff, done once)
         self._streams = {}       # raw stream handle -> cuda.CUstream
 
     # -- IPluginV3 / IPluginV3OneCore ------------------------------------------------
@@ -519,33 +519,39 @@ class RmsNormPlugin(*_PLUGIN_BASES):
             self._kernel = compile_rms_norm(*io, self.epsilon)
             self._io = io
             self._device = torch.cuda.current_device()
-            self._launch_args.clear()
+            self._wrapped.clear()
 
     def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
         """Run time, every inference: marshal the pointers and launch on TensorRT's stream."""
         num_tokens = input_desc[0].dims[0]
-        key = (inputs[0], inputs[1], outputs[0], num_tokens)
-        args = self._launch_args.get(key)
-        if args is None:  # TensorRT usually reuses the same buffers: wrap them once
-            args = self._wrap_buffers(*key)
+        key = (inputs[0], inputs[1], outputs[0])
+        tensors = self._wrapped.get(key)
+        if tensors is None:  # TensorRT usually reuses a context's buffers: wrap them once
+            tensors = self._wrap_buffers(*key, num_tokens)
         cu_stream = self._streams.get(stream)
         if cu_stream is None:
             cu_stream = self._streams[stream] = cuda.CUstream(stream)
-        self._kernel(*args, cu_stream)
+        self._kernel(*tensors, num_tokens, cu_stream)
 
     def _wrap_buffers(self, x_ptr, w_ptr, y_ptr, num_tokens):
-        """The three-hop handoff for one set of addresses, cached for later enqueues."""
+        """The three-hop handoff for one set of addresses, cached for later enqueues.
+
+        The launcher reads only the tensors' addresses and dtypes; the row
+        count it uses is its num_tokens argument. So the tensors wrapped at
+        one token count serve every later count on the same buffers, and a
+        shape change costs no new handoff. (A kernel that read mX.shape would
+        need num_tokens in this cache's key.)
+        """
         dtype, hidden = self._io
-        if len(self._launch_args) >= 256:  # addresses that change every call must not grow the cache
-            self._launch_args.clear()
-        args = (
+        if len(self._wrapped) >= 256:  # addresses that change every call must not grow the cache
+            self._wrapped.clear()
+        tensors = (
             cute_tensor_from_pointer(x_ptr, (num_tokens, hidden), dtype, self._device),
             cute_tensor_from_pointer(w_ptr, (hidden,), "float32", self._device),
             cute_tensor_from_pointer(y_ptr, (num_tokens, hidden), dtype, self._device),
-            num_tokens,
         )
-        self._launch_args[(x_ptr, w_ptr, y_ptr, num_tokens)] = args
-        return args
+        self._wrapped[(x_ptr, w_ptr, y_ptr)] = tensors
+        return tensors
 
 
 class RmsNormPluginCreator(*_CREATOR_BASES):

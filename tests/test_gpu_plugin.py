@@ -103,6 +103,32 @@ def test_enqueue_is_capturable_from_the_first_call(sample_standin, trt):
             assert ok, f"replay with seed {seed}: max abs error {err:.3e}"
 
 
+def test_token_count_changes_on_the_same_buffers(sample_standin, trt, monkeypatch):
+    """TensorRT keeps a context's buffers across shape changes: one handoff serves every token count,
+    each call normalizes exactly num_tokens rows and leaves the rows past them untouched."""
+    import torch
+
+    handoffs = []
+    wrap = sample_standin.cute_tensor_from_pointer
+    monkeypatch.setattr(sample_standin, "cute_tensor_from_pointer", lambda *a: handoffs.append(a) or wrap(*a))
+    plugin = make_context_plugin(sample_standin, trt)
+    buf = Buffers(sample_standin, trt, 512, seed=5)  # sized for the profile's max
+    stream = torch.cuda.Stream()
+    for tokens in (128, 37, 512, 1, 511):
+        in_desc = [trt.PluginTensorDesc((tokens, HIDDEN), trt.DataType.HALF), buf.in_desc[1]]
+        out_desc = [trt.PluginTensorDesc((tokens, HIDDEN), trt.DataType.HALF)]
+        buf.y.fill_(float("nan"))
+        torch.cuda.synchronize()
+        plugin.on_shape_change(in_desc, out_desc)
+        plugin.enqueue(in_desc, out_desc, [buf.x.data_ptr(), buf.w.data_ptr()], [buf.y.data_ptr()], 0, stream.cuda_stream)
+        stream.synchronize()
+        ok, err = sample_standin.check_output(buf.y[:tokens].float().cpu().numpy(), buf.x[:tokens].float().cpu().numpy(),
+                                              buf.w.cpu().numpy(), 1e-5, "float16")
+        assert ok, f"{tokens} tokens: max abs error {err:.3e}"
+        assert buf.y[tokens:].isnan().all(), f"{tokens} tokens: rows past num_tokens were written"
+    assert len(handoffs) == 3, "X, W and Y are wrapped once, not once per token count"
+
+
 def test_two_contexts_race_free_on_two_streams(sample_standin, trt):
     """Two attach_to_context clones, 1 and 512 tokens, enqueued concurrently from two threads."""
     import torch
