@@ -10,9 +10,12 @@ median us and median (min-max) ratio to copy_. fp16 X/Y, fp32 W, eps 1e-5.
     python3 benchmarks/experiments/compare_variants.py                 # the NOTES.md table
     python3 benchmarks/experiments/compare_variants.py --once 4096x4096  # one launch each, for ncu
                                                    # (after two of torch.add(x, 0, out=y), a copy-shaped kernel)
+    ... --rotate-mb 512   # no call finds the previous call's X in L2
+    ... --pipeline        # each call between a producer of X and a consumer of Y
 """
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -74,10 +77,17 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--once", metavar="NxH", help="launch every variant twice at this shape and exit (for ncu)")
+    parser.add_argument("--rotate-mb", type=int, default=0,
+                        help="cycle each timed call through enough X/Y pairs to touch this many MB, so no call finds "
+                             "the previous call's X in L2 (0: one pair, as TensorRT's same-buffer calls would)")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="time each call between a producer that writes X and a consumer that reads Y (both "
+                             "torch.add copies), as inside a network; copy_ takes the middle place for the ratio")
     args = parser.parse_args()
     names = args.variants.split(",")
     loaders = {"wfirst": variants.load_w_first_sample, "chain": variants.load_chain_sample,
                "tree": variants.load_tree_sample}
+    loaders.update({name: (lambda name=name: variants.load_cache_hint_sample(name)) for name in variants._CACHE_HINTS})
     patched = {name: loaders[name]() for name in names if name in loaders}
     shapes = [args.once] if args.once else args.shapes.split(",")
     print(f"# {torch.cuda.get_device_name()}; variants {names}; ratio = median time / median copy_ time "
@@ -90,16 +100,20 @@ def main():
         ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS) * w.double()
         rtol, atol = s.TOLERANCE["float16"]
         prep = tuple(from_dlpack(t, assumed_align=16) for t in (x, w, y))
+        pairs = [(x, y)] + [(torch.randn_like(x), torch.empty_like(y))
+                            for _ in range(math.ceil(args.rotate_mb * 2**20 / (2 * x.nbytes)) - 1)]
+        preps = [prep] + [(from_dlpack(a, assumed_align=16), prep[1], from_dlpack(b, assumed_align=16))
+                          for a, b in pairs[1:]]
         fns = {}
         for name in names:
             if name == "add":  # reference point, not a variant: a copy-shaped elementwise kernel
-                fns[name] = lambda: torch.add(x, 0, out=y)
+                fns[name] = lambda: [torch.add(a, 0, out=b) for a, b in pairs]
                 continue
             if name == "compile":  # reference point: torch.compile of the same formula, as in bench_rms_norm.py
                 compiled = torch.compile(lambda x, w: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True)
                                                                                + EPS) * w).to(x.dtype), dynamic=False)
                 compiled(x, w)
-                fns[name] = lambda compiled=compiled: compiled(x, w)
+                fns[name] = lambda compiled=compiled: [compiled(a, w) for a, _ in pairs]
                 continue
             run = build(name, hidden, tokens, patched)
             y.fill_(float("nan"))
@@ -108,23 +122,30 @@ def main():
             bad = ((y.double() - ref).abs() > atol + rtol * ref.abs()).sum().item() + y.isnan().sum().item()
             if bad:
                 raise SystemExit(f"{name} is wrong at {shape}: {bad} elements out of tolerance")
-            fns[name] = lambda run=run: run(prep, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+            fns[name] = lambda run=run: [run(p, cuda.CUstream(torch.cuda.current_stream().cuda_stream)) for p in preps]
         if args.once:  # and a copy-shaped elementwise kernel to profile beside them
             for fn in [lambda: torch.add(x, 0, out=y)] * 2 + list(fns.values()):
                 fn()
             torch.cuda.synchronize()
             return
+        if args.pipeline:
+            x_src, z = x.clone(), torch.empty_like(y)
+            fns = {k: (lambda fn=fn: (torch.add(x_src, 0, out=x), fn(), torch.add(y, 0, out=z)))
+                   for k, fn in fns.items()}
         times = {k: [] for k in fns}
         copies = []
         for _ in range(args.rounds):
-            copy = lambda: y.copy_(x)  # noqa: E731
-            copies.append(min(time_device(copy, tokens, hidden), time_eager(copy, tokens, hidden)))
+            copy = lambda: [b.copy_(a) for a, b in pairs]  # noqa: E731
+            if args.pipeline:
+                copy = lambda: (torch.add(x_src, 0, out=x), y.copy_(x), torch.add(y, 0, out=z))  # noqa: E731
+            copies.append(min(time_device(copy, tokens, hidden), time_eager(copy, tokens, hidden)) / len(pairs))
             for k, fn in fns.items():
-                times[k].append(time_device(fn, tokens, hidden))
+                times[k].append(time_device(fn, tokens, hidden) / len(pairs))
         c = statistics.median(copies)
         cells = [f"{k} {statistics.median(v):.2f} ({statistics.median(v) / c:.3f}; {min(v) / c:.3f}-{max(v) / c:.3f})"
                  for k, v in times.items()]
-        print(f"{shape}: copy_ {c:.2f} | " + " | ".join(cells), flush=True)
+        print(f"{shape}{f' ({len(pairs)} X/Y pairs)' if len(pairs) > 1 else ''}: copy_ {c:.2f} | " + " | ".join(cells),
+              flush=True)
 
 
 if __name__ == "__main__":

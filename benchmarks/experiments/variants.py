@@ -17,6 +17,10 @@ chain  the sample's Step 2 as it was until the two-stage sum was adopted: one
 tree   the sample's kernel with that sum taken as a pairwise tree.
 wfirst the sample's kernel with W's loads placed before X's in program order
        (so ptxas issues all loads back to back), made by patching the source.
+xcs, xna, xl2, ycs, xna_ycs
+       the sample's kernel with cache hints on X's loads (xcs: ld.global.cs;
+       xna: L1::no_allocate; xl2: L2::256B prefetch) and/or Y's stores
+       (ycs: st.global.cs, evict-first), through CuTe copy atoms.
 """
 
 import importlib.util
@@ -267,14 +271,16 @@ _REDUCE_TREE = """    sq = cute.make_rmem_tensor((vec, vecs_per_thread), Float32
 """
 
 
-def _load_patched_sample(name, old, new):
-    """The sample module with one piece of its source replaced."""
+def _load_patched_sample(name, *patches):
+    """The sample module with pieces of its source replaced ((old, new) pairs)."""
     source = open(os.path.join(ROOT, "rms_norm_plugin_cutedsl.py")).read()
-    if old not in source:
-        raise RuntimeError(f"the sample's kernel changed; update the {name} patch in variants.py")
+    for old, new in patches:
+        if old not in source:
+            raise RuntimeError(f"the sample's kernel changed; update the {name} patch in variants.py")
+        source = source.replace(old, new)
     path = os.path.join(tempfile.mkdtemp(), f"rms_norm_{name}.py")
     with open(path, "w") as f:
-        f.write(source.replace(old, new))
+        f.write(source)
     spec = importlib.util.spec_from_file_location(f"rms_norm_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[f"rms_norm_{name}"] = module
@@ -282,16 +288,42 @@ def _load_patched_sample(name, old, new):
     return module
 
 
+_X_LOAD = "                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])\n"
+_Y_STORE = "                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])\n"
+_BITS = "num_bits_per_copy=vec * mX.element_type.width"
+_CACHE_HINTS = {  # name -> (X load atom keywords or None, Y store atom keywords or None)
+    "xcs": (f"{_BITS}, load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING", None),
+    "xna": (f"{_BITS}, l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE", None),
+    "xl2": (f"{_BITS}, l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B", None),
+    "ycs": (None, f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
+    "xna_ycs": (f"{_BITS}, l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE",
+                f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
+}
+
+
+def load_cache_hint_sample(name):
+    """xcs/xna/xl2/ycs/xna_ycs: the sample with cache hints on X's loads and/or Y's stores (copy atoms)."""
+    load, store = _CACHE_HINTS[name]
+    patches = []
+    if load:
+        patches.append((_X_LOAD, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mX.element_type, "
+                                 f"{load}), mX[row, (None, j)], tXrX[None, k])\n"))
+    if store:
+        patches.append((_Y_STORE, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), mY.element_type, "
+                                  f"{store}), tYrY[None, k], mY[row, (None, j)])\n"))
+    return _load_patched_sample(name, *patches)
+
+
 def load_w_first_sample():
     """wfirst: the sample module with Step 1 reordered (all W loads, then all X loads)."""
-    return _load_patched_sample("w_first", _STEP1, _STEP1_W_FIRST)
+    return _load_patched_sample("w_first", (_STEP1, _STEP1_W_FIRST))
 
 
 def load_chain_sample():
     """chain: the sample module with the per-thread sum of squares as one running sum (vec * vecs_per_thread deep)."""
-    return _load_patched_sample("chain", _REDUCE, _REDUCE_CHAIN)
+    return _load_patched_sample("chain", (_REDUCE, _REDUCE_CHAIN))
 
 
 def load_tree_sample():
     """tree: the sample module with the per-thread sum of squares taken as a pairwise tree (log depth)."""
-    return _load_patched_sample("tree", _REDUCE, _REDUCE_TREE)
+    return _load_patched_sample("tree", (_REDUCE, _REDUCE_TREE))
