@@ -256,6 +256,8 @@ def rms_norm_kernel(
     rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)  # 1/hidden folds to a constant
 
     # Step 5: scale in FP32, cast once, store with the same vectors that were loaded.
+    # Default cache policy on purpose: evict-first stores of Y (with X loads that
+    # skip L1) timed faster in isolation but slowed the layer that reads Y next.
     if cutlass.const_expr(not early_weight):
         for k in cutlass.range_constexpr(vecs_per_thread):
             j = t + k * threads_per_row
