@@ -257,7 +257,8 @@ def rms_norm_kernel(
 
     # Step 5: scale in FP32, cast once, store with the same vectors that were loaded.
     # Default cache policy on purpose: evict-first stores of Y (with X loads that
-    # skip L1) timed faster in isolation but slowed the layer that reads Y next.
+    # skip L1) timed faster alone but made a producer -> RMSNorm -> consumer
+    # pipeline up to 6% slower at some sizes (benchmarks/NOTES.md).
     if cutlass.const_expr(not early_weight):
         for k in cutlass.range_constexpr(vecs_per_thread):
             j = t + k * threads_per_row
