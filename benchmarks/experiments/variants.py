@@ -17,6 +17,9 @@ chain  the sample's Step 2 as it was until the two-stage sum was adopted: one
 tree   the sample's kernel with that sum taken as a pairwise tree.
 wfirst the sample's kernel with W's loads placed before X's in program order
        (so ptxas issues all loads back to back), made by patching the source.
+xre    the sample's kernel with X read again (an L1/L2 hit) after the reduction
+       instead of holding its FP32 values in registers through it
+       (xre_wfirst: the same with W's loads first, as in wfirst).
 xcs, xna, xl2, ycs, xna_ycs
        the sample's kernel with cache hints on X's loads (xcs: ld.global.cs;
        xna: L1::no_allocate; xl2: L2::256B prefetch) and/or Y's stores
@@ -312,6 +315,26 @@ def load_cache_hint_sample(name):
         patches.append((_Y_STORE, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), mY.element_type, "
                                   f"{store}), tYrY[None, k], mY[row, (None, j)])\n"))
     return _load_patched_sample(name, *patches)
+
+
+_STEP5_SCALE = "    tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))\n"
+_STEP5_RELOAD = """    if row_ok:
+        for k in cutlass.range_constexpr(vecs_per_thread):
+            j = t + k * threads_per_row
+            if not ragged or j < num_vecs:
+                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+    tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
+"""
+
+
+def load_reload_sample():
+    """xre: the sample module with Step 5 reading X again instead of keeping it in registers through the reduction."""
+    return _load_patched_sample("xre", (_STEP5_SCALE, _STEP5_RELOAD))
+
+
+def load_reload_w_first_sample():
+    """xre_wfirst: xre with W's loads placed before X's in program order."""
+    return _load_patched_sample("xre_wfirst", (_STEP5_SCALE, _STEP5_RELOAD), (_STEP1, _STEP1_W_FIRST))
 
 
 def load_w_first_sample():
