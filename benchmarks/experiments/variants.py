@@ -20,6 +20,9 @@ wfirst the sample's kernel with W's loads placed before X's in program order
 xre    the sample's kernel with X read again (an L1/L2 hit) after the reduction
        instead of holding its FP32 values in registers through it
        (xre_wfirst: the same with W's loads first, as in wfirst).
+xpk    the sample's kernel with X's packed 16-bit values passed through an
+       identity warp shuffle after the reduction, so ptxas converts them to
+       FP32 again there instead of keeping 32 FP32 registers through it.
 xcs, xna, xl2, ycs, xna_ycs
        the sample's kernel with cache hints on X's loads (xcs: ld.global.cs;
        xna: L1::no_allocate; xl2: L2::256B prefetch) and/or Y's stores
@@ -330,6 +333,23 @@ _STEP5_RELOAD = """    if row_ok:
 def load_reload_sample():
     """xre: the sample module with Step 5 reading X again instead of keeping it in registers through the reduction."""
     return _load_patched_sample("xre", (_STEP5_SCALE, _STEP5_RELOAD))
+
+
+_IMPORT_CUTE = "    import cutlass.cute as cute\n"
+_STEP5_REPACK = """    tXi = cute.recast_tensor(tXrX, Int32)
+    for i in cutlass.range_constexpr(cute.size(tXi)):
+        tXi[i] = Int32(llvm.inline_asm(
+            Int32.mlir_type, [tXi[i].ir_value()],
+            "{ .reg .u32 lane; mov.u32 lane, %laneid; shfl.sync.idx.b32 $0, $1, lane, 31, -1; }",
+            "=r,r", has_side_effects=True))
+    tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
+"""
+
+
+def load_repack_sample():
+    """xpk: the sample module with X's 16-bit values made opaque after the reduction (converted to FP32 again)."""
+    return _load_patched_sample("xpk", (_STEP5_SCALE, _STEP5_REPACK),
+                                (_IMPORT_CUTE, _IMPORT_CUTE + "    from cutlass._mlir.dialects import llvm\n"))
 
 
 def load_reload_w_first_sample():
