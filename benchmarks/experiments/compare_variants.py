@@ -87,7 +87,8 @@ def main():
     names = args.variants.split(",")
     loaders = {"wfirst": variants.load_w_first_sample, "chain": variants.load_chain_sample,
                "tree": variants.load_tree_sample, "xre": variants.load_reload_sample,
-               "xre_wfirst": variants.load_reload_w_first_sample, "xpk": variants.load_repack_sample}
+               "xre_wfirst": variants.load_reload_w_first_sample, "xpk": variants.load_repack_sample,
+               "x64": variants.load_half_vector_sample}
     loaders.update({name: (lambda name=name: variants.load_cache_hint_sample(name)) for name in variants._CACHE_HINTS})
     patched = {name: loaders[name]() for name in names if name in loaders}
     shapes = [args.once] if args.once else args.shapes.split(",")

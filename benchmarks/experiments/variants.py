@@ -27,6 +27,14 @@ xcs, xna, xl2, ycs, xna_ycs
        the sample's kernel with cache hints on X's loads (xcs: ld.global.cs;
        xna: L1::no_allocate; xl2: L2::256B prefetch) and/or Y's stores
        (ycs: st.global.cs, evict-first), through CuTe copy atoms.
+xef, wel, wel_xef, wnc
+       hints that only steer this kernel's own L1: X's loads L1::evict_first
+       (xef), W's loads L1::evict_last (wel), both (wel_xef), or W's loads
+       through the non-coherent path, ld.global.nc (wnc).
+x64    the sample's kernel with 8-byte X/Y vectors and twice as many per
+       thread (same threads per row, same elements per thread), so that a
+       thread's W vector is 16 bytes and a warp's W load is 512 contiguous
+       bytes instead of 16 bytes at a 32-byte stride.
 """
 
 import importlib.util
@@ -297,23 +305,32 @@ def _load_patched_sample(name, *patches):
 _X_LOAD = "                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])\n"
 _Y_STORE = "                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])\n"
 _BITS = "num_bits_per_copy=vec * mX.element_type.width"
-_CACHE_HINTS = {  # name -> (X load atom keywords or None, Y store atom keywords or None)
-    "xcs": (f"{_BITS}, load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING", None),
-    "xna": (f"{_BITS}, l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE", None),
-    "xl2": (f"{_BITS}, l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B", None),
-    "ycs": (None, f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
-    "xna_ycs": (f"{_BITS}, l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE",
-                f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
+_W_LOAD = "                cute.autovec_copy(mW[None, j], tWrW[None, k])\n"  # both places W is loaded
+_L1 = "l1c_evict_priority=cute.nvgpu.CacheEvictionPriority."
+_CACHE_HINTS = {  # name -> copy atom keywords for X's loads, W's loads, Y's stores (None: default, autovec_copy)
+    "xcs": (f"{_BITS}, load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING", None, None),
+    "xna": (f"{_BITS}, {_L1}NO_ALLOCATE", None, None),
+    "xl2": (f"{_BITS}, l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B", None, None),
+    "ycs": (None, None, f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
+    "xna_ycs": (f"{_BITS}, {_L1}NO_ALLOCATE", None, f"{_BITS}, store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING"),
+    "xef": (f"{_BITS}, {_L1}EVICT_FIRST", None, None),
+    "wel": (None, f"num_bits_per_copy=min(vec, 4) * 32, {_L1}EVICT_LAST", None),
+    "wnc": (None, "num_bits_per_copy=min(vec, 4) * 32, invariant=True", None),
+    "wel_xef": (f"{_BITS}, {_L1}EVICT_FIRST", f"num_bits_per_copy=min(vec, 4) * 32, {_L1}EVICT_LAST", None),
 }
 
 
 def load_cache_hint_sample(name):
-    """xcs/xna/xl2/ycs/xna_ycs: the sample with cache hints on X's loads and/or Y's stores (copy atoms)."""
-    load, store = _CACHE_HINTS[name]
+    """xcs/xna/xl2/ycs/xna_ycs/xef/wel/wnc/wel_xef: the sample with cache hints on its loads and/or stores (copy atoms)."""
+    load_x, load_w, store = _CACHE_HINTS[name]
     patches = []
-    if load:
+    if load_x:
         patches.append((_X_LOAD, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mX.element_type, "
-                                 f"{load}), mX[row, (None, j)], tXrX[None, k])\n"))
+                                 f"{load_x}), mX[row, (None, j)], tXrX[None, k])\n"))
+    if load_w:  # W's vector is vec fp32 values: 128-bit pieces of it
+        patches.append((_W_LOAD, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, "
+                                 f"{load_w}), cute.zipped_divide(mW[None, j], (min(vec, 4),)), "
+                                 "cute.zipped_divide(tWrW[None, k], (min(vec, 4),)))\n"))
     if store:
         patches.append((_Y_STORE, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), mY.element_type, "
                                   f"{store}), tYrY[None, k], mY[row, (None, j)])\n"))
@@ -360,6 +377,13 @@ def load_reload_w_first_sample():
 def load_w_first_sample():
     """wfirst: the sample module with Step 1 reordered (all W loads, then all X loads)."""
     return _load_patched_sample("w_first", (_STEP1, _STEP1_W_FIRST))
+
+
+def load_half_vector_sample():
+    """x64: the sample module with 8-byte X/Y vectors and twice as many per thread (same thread split, same
+    elements per thread), so each thread's W vector is 16 bytes and a warp's W load covers 512 contiguous bytes."""
+    return _load_patched_sample("x64", ("    vec = VECTOR_BYTES // elem_bytes\n", "    vec = VECTOR_BYTES // elem_bytes // 2\n"),
+                                ("    per_thread = 2 if short else 4\n", "    per_thread = 4 if short else 8\n"))
 
 
 def load_chain_sample():
