@@ -72,6 +72,16 @@ def test_nan_row_leaves_other_rows_correct():
     assert ok, err
 
 
+def test_subnormal_epsilon_normalizes_a_row_whose_mean_square_is_subnormal():
+    """eps below FLT_MIN keeps the plain rsqrt: a flush-to-zero one would see 0 here and return inf."""
+    x, w = sample.make_inputs(4, 100, "bfloat16", seed=5)
+    x[1] = x[1] * 1e-20  # squares near 1e-40, subnormal in float32
+    eps = float(np.float32(1e-40))
+    y = _run(x.cuda(), w.cuda(), eps)
+    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), eps, "bfloat16")
+    assert ok, err
+
+
 @pytest.mark.parametrize("eps", [1e-12, 1e-6, 1e-3, 1e-1])
 def test_epsilon_range_and_odd_weights(eps):
     x, w = sample.make_inputs(37, 100, "bfloat16", seed=4)

@@ -31,7 +31,7 @@ def global_accesses(ptx):
 def test_kernel_compiles_for_target(arch, dtype, hidden):
     ptx = ptx_of(dtype, hidden, arch)
     assert re.search(rf"^\.target {arch}\b", ptx, re.M), "compiled for the wrong architecture"
-    assert "rsqrt.approx.f32" in ptx, "one FP32 reciprocal square root per row"
+    assert "rsqrt.approx.ftz.f32" in ptx, "one FP32 reciprocal square root per row (default eps: flush-to-zero form)"
     assert any(a.startswith("st.global") for a in global_accesses(ptx))
     plan = sample.plan_kernel(hidden)
     assert ("bar.sync" in ptx or "barrier.sync" in ptx) == (plan.threads_per_row > 32)
@@ -88,6 +88,14 @@ def test_each_thread_sums_its_squares_in_a_short_chain(hidden):
     plan = sample.plan_kernel(hidden)
     depth = sum_of_squares_depth(ptx_of("float16", hidden, "sm_90a"))
     assert 0 < depth <= plan.vec + plan.vecs_per_thread + 1, (depth, plan)
+
+
+@pytest.mark.parametrize("eps,ftz", [(1e-5, True), (1e-12, True), (sample.FLT_MIN, True),
+                                     (sample.FLT_MIN / 2, False), (1e-40, False)])
+def test_rsqrt_flushes_subnormals_only_when_epsilon_is_a_normal_float32(eps, ftz):
+    """rsqrt's argument is at least eps: from eps >= FLT_MIN on it is never subnormal and the ftz form is exact."""
+    ptx = sample.compile_rms_norm("float16", 1024, eps, arch="sm_90a", keep_ptx=True).__ptx__
+    assert re.findall(r"rsqrt\.approx(?:\.ftz)?\.f32", ptx) == ["rsqrt.approx.ftz.f32" if ftz else "rsqrt.approx.f32"]
 
 
 def test_sum_of_squares_is_accumulated_in_fp32():

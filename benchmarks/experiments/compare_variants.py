@@ -89,10 +89,8 @@ def main():
                "tree": variants.load_tree_sample, "xre": variants.load_reload_sample,
                "xre_wfirst": variants.load_reload_w_first_sample, "xpk": variants.load_repack_sample,
                "x64": variants.load_half_vector_sample,
-               "ftz": variants.load_ftz_sample, "ftz_s2": variants.load_ftz_chain2_sample,
-               "ftz_t2": variants.load_ftz_tree2_sample,
-               "rftz": variants.load_rsqrt_ftz_sample, "n0": variants.load_no_zero_sample,
-               "s2": variants.load_chain2_sample, "rftz_s2": variants.load_rsqrt_ftz_chain2_sample}
+               "guard": variants.load_guarded_rsqrt_sample, "n0": variants.load_no_zero_sample,
+               "s2": variants.load_chain2_sample, "t2": variants.load_tree2_sample}
     loaders.update({name: (lambda name=name: variants.load_cache_hint_sample(name)) for name in variants._CACHE_HINTS})
     patched = {name: loaders[name]() for name in names if name in loaders}
     shapes = [args.once] if args.once else args.shapes.split(",")

@@ -31,11 +31,12 @@ xef, wel, wel_xef, wnc
        hints that only steer this kernel's own L1: X's loads L1::evict_first
        (xef), W's loads L1::evict_last (wel), both (wel_xef), or W's loads
        through the non-coherent path, ld.global.nc (wnc).
-ftz, rftz, n0, s2, rftz_s2, ftz_s2, ftz_t2
-       a shorter path from the sum of squares to rstd: rsqrt.approx.ftz when
-       epsilon >= FLT_MIN (rftz), Step 3c started at the first warp's sum
-       instead of 0.0 (n0), Step 2's second stage started at the first lane
-       sum (s2) or added as a pairwise tree (t2); ftz = rftz + n0.
+guard  the sample's kernel as it was before rsqrt.approx.ftz was adopted:
+       plain rsqrt.approx.f32, which ptxas wraps in a subnormal-input guard.
+n0, s2, t2
+       a shorter path from the sum of squares to rstd: Step 3c started at the
+       first warp's sum instead of 0.0 (n0), Step 2's second stage started at
+       the first lane sum (s2) or added as a pairwise tree (t2).
 x64    the sample's kernel with 8-byte X/Y vectors and twice as many per
        thread (same threads per row, same elements per thread), so that a
        thread's W vector is 16 bytes and a warp's W load is 512 contiguous
@@ -400,12 +401,13 @@ def load_tree_sample():
     """tree: the sample module with the per-thread sum of squares taken as a pairwise tree (log depth)."""
     return _load_patched_sample("tree", (_REDUCE, _REDUCE_TREE))
 
-_RSQRT = "    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)  # 1/hidden folds to a constant\n"
-_RSQRT_FTZ = """    if cutlass.const_expr(eps >= 1.1754943508222875e-38):  # FLT_MIN: the argument is never subnormal
-        rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps, approx=True, ftz=True)
+_RSQRT_FTZ = """    mean_sq_eps = total * (1.0 / hidden) + eps  # 1/hidden folds to a constant
+    if cutlass.const_expr(eps >= FLT_MIN):
+        rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
     else:
-        rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)
+        rstd = cute.math.rsqrt(mean_sq_eps)
 """
+_RSQRT_GUARDED = "    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps)  # 1/hidden folds to a constant\n"
 _STEP3C = """        total = Float32(0.0)
         for w in cutlass.range_constexpr(warps_per_row):
             total = total + sSum[w, row_in_cta]
@@ -434,36 +436,21 @@ _REDUCE_STAGE2_CHAIN = """    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, F
 """
 
 
-def load_ftz_sample():
-    """ftz: the sample with rsqrt.approx.ftz when epsilon >= FLT_MIN (no subnormal guard) and Step 3c not starting at 0.0."""
-    return _load_patched_sample("ftz", (_RSQRT, _RSQRT_FTZ), (_STEP3C, _STEP3C_NO_ZERO))
-
-
-def load_ftz_tree2_sample():
-    """ftz_t2: ftz with the second stage of Step 2 (the vec lane sums) added as a pairwise tree."""
-    return _load_patched_sample("ftz_t2", (_RSQRT, _RSQRT_FTZ), (_STEP3C, _STEP3C_NO_ZERO), (_REDUCE, _REDUCE_STAGE2_TREE))
-
-
-def load_ftz_chain2_sample():
-    """ftz_s2: ftz with the second stage of Step 2 started at the first lane sum instead of 0.0 (one add fewer)."""
-    return _load_patched_sample("ftz_s2", (_RSQRT, _RSQRT_FTZ), (_STEP3C, _STEP3C_NO_ZERO), (_REDUCE, _REDUCE_STAGE2_CHAIN))
-
-
-def load_rsqrt_ftz_sample():
-    """rftz: the sample with only the rsqrt change of ftz."""
-    return _load_patched_sample("rftz", (_RSQRT, _RSQRT_FTZ))
+def load_guarded_rsqrt_sample():
+    """guard: the sample module with plain rsqrt.approx.f32 (ptxas adds a subnormal-input guard), as before ftz."""
+    return _load_patched_sample("guard", (_RSQRT_FTZ, _RSQRT_GUARDED))
 
 
 def load_no_zero_sample():
-    """n0: the sample with only the Step 3c change of ftz (start at the first warp's sum)."""
+    """n0: the sample module with Step 3c started at the first warp's sum instead of 0.0."""
     return _load_patched_sample("n0", (_STEP3C, _STEP3C_NO_ZERO))
 
 
 def load_chain2_sample():
-    """s2: the sample with only the stage-2 change of ftz_s2 (start at the first lane sum)."""
+    """s2: the sample module with Step 2's second stage started at the first lane sum instead of 0.0 (one add fewer)."""
     return _load_patched_sample("s2", (_REDUCE, _REDUCE_STAGE2_CHAIN))
 
 
-def load_rsqrt_ftz_chain2_sample():
-    """rftz_s2: rsqrt ftz and the stage-2 change, Step 3c as in the sample."""
-    return _load_patched_sample("rftz_s2", (_RSQRT, _RSQRT_FTZ), (_REDUCE, _REDUCE_STAGE2_CHAIN))
+def load_tree2_sample():
+    """t2: the sample module with Step 2's second stage (the vec lane sums) added as a pairwise tree."""
+    return _load_patched_sample("t2", (_REDUCE, _REDUCE_STAGE2_TREE))
