@@ -258,7 +258,7 @@ def rms_norm_kernel(
     # flush-to-zero form returns the same value without the subnormal-input
     # guard (a compare and two multiplies) that ptxas puts around plain
     # rsqrt.approx.f32 on every row's critical path. Measured on the H200: up to
-    # 4% faster (1.4% at 1 x 1024), 0.4% slower at 16384 x 4096 (benchmarks/NOTES.md).
+    # 4% faster, up to 0.4% slower at 16384 x 4096 (benchmarks/NOTES.md).
     mean_sq_eps = total * (1.0 / hidden) + eps  # 1/hidden folds to a constant
     if cutlass.const_expr(eps >= FLT_MIN):
         rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
