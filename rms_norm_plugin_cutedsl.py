@@ -156,10 +156,11 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     chain of loads short. Longer rows are bandwidth-bound: 4 vectors per
     thread keeps more bytes in flight per thread. W is requested before the
     cross-thread reduction, so its latency (a cache hit: every row reads the
-    same W) hides behind the shuffles and the barrier. ptxas issues those
-    loads once the thread's X has arrived, not alongside X (seen in the
-    sm_90a SASS); putting them first made every load go out at once but ran
-    4-14% slower from 4096 x 4096 up and 3-4% slower at 1-512 x 1024
+    same W) hides behind the shuffles and the barrier. Where ptxas issues
+    them depends on the dtype and the row (sm_90a SASS): right behind X's at
+    hidden 1024, partly or wholly after X has arrived at hidden 4096.
+    Putting them before X's in the source made every load go out at once but
+    ran 4-14% slower from 4096 x 4096 up and 3-4% slower at 1-512 x 1024
     (benchmarks/NOTES.md). Very long rows fetch W only after the reduction:
     holding it through the reduction would cost so many registers that fewer
     CTAs fit on an SM (measured on the H200: hidden 16384 ran 25% faster that
