@@ -214,7 +214,7 @@ def main():
                trt_standin.PluginTensorDesc((hidden,), trt_standin.DataType.FLOAT)]
     out_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF)]
     ptrs_in, ptrs_out = [x.data_ptr(), w.data_ptr()], [y.data_ptr()]
-    firsts = []
+    firsts, bares, steadies = [], [], []
     for _ in range(7):
         plugin = creator.create_plugin("rms_norm", fields, trt_standin.TensorRTPhase.RUNTIME).attach_to_context(None)
         plugin.on_shape_change(in_desc, out_desc)
@@ -222,14 +222,14 @@ def main():
         t0 = time.perf_counter()
         plugin.enqueue(in_desc, out_desc, ptrs_in, ptrs_out, 0, stream.cuda_stream)
         firsts.append((time.perf_counter() - t0) * 1e6)
-    first = statistics.median(firsts)
-    # The bare call and the steady enqueue in alternating rounds, so that drift of the shared host's speed
-    # hits both alike (timed one after the other, their ratio moved between 1.0 and 1.3 from run to run).
-    bares, steadies = [], []
-    for _ in range(7):
+        # Then this plugin's steady state, in a round right after one of the bare call, so that drift of the
+        # shared host's speed hits both alike (timed one after the other, their ratio moved between 1.0 and
+        # 1.3 from run to run); and the next plugin's first enqueue follows thousands of calls, as a new
+        # context's first call follows other work in a real process.
         bares.append(time_host(lambda: kernel(*prepared), calls=1000, rounds=1))
         steadies.append(time_host(lambda: plugin.enqueue(in_desc, out_desc, ptrs_in, ptrs_out, 0, stream.cuda_stream),
                                   calls=1000, rounds=1))
+    first = statistics.median(firsts)
     bare, enqueue = statistics.median(bares), statistics.median(steadies)
 
     # A shape change on a context that has run: TensorRT keeps handing it the same buffers (sized here for
