@@ -279,16 +279,17 @@ _REDUCE = """    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 
     partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 """
 _REDUCE_CHAIN = "    partial = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)\n"
-_REDUCE_TREE = """    sq = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
-    sq.store(x * x)
-    n = vec * vecs_per_thread
-    for level in cutlass.range_constexpr(math.ceil(math.log2(n)) if n > 1 else 0):
+_PAIRWISE_SUM = """    for level in cutlass.range_constexpr(math.ceil(math.log2(n)) if n > 1 else 0):
         half = n // 2
         for i in cutlass.range_constexpr(half):
             sq[i] = sq[i] + sq[i + n - half]
         n = n - half
     partial = sq[0]
-"""
+"""  # the first n values of sq, summed as a pairwise tree
+_REDUCE_TREE = """    sq = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
+    sq.store(x * x)
+    n = vec * vecs_per_thread
+""" + _PAIRWISE_SUM
 
 
 def _load_patched_sample(name, *patches):
@@ -420,13 +421,7 @@ _REDUCE_STAGE2_TREE = """    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Fl
     sq = cute.make_rmem_tensor((vec,), Float32)
     sq.store(lane_sums)
     n = vec
-    for level in cutlass.range_constexpr(math.ceil(math.log2(n)) if n > 1 else 0):
-        half = n // 2
-        for i in cutlass.range_constexpr(half):
-            sq[i] = sq[i] + sq[i + n - half]
-        n = n - half
-    partial = sq[0]
-"""
+""" + _PAIRWISE_SUM
 _REDUCE_STAGE2_CHAIN = """    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
     sq = cute.make_rmem_tensor((vec,), Float32)
     sq.store(lane_sums)
