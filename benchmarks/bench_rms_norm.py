@@ -87,6 +87,18 @@ def time_eager(fn, tokens, hidden, rounds=7):
     return statistics.median(times)
 
 
+def standin_plugin_args(tokens, hidden, eps=EPS):
+    """The creator's fields and the fp16 I/O descriptors TensorRT would pass, built from the labelled stand-in."""
+    import trt_standin
+
+    fields = trt_standin.PluginFieldCollection(
+        [trt_standin.PluginField("epsilon", np.array([eps], np.float32), trt_standin.PluginFieldType.FLOAT32)])
+    in_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF),
+               trt_standin.PluginTensorDesc((hidden,), trt_standin.DataType.FLOAT)]
+    out_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF)]
+    return fields, in_desc, out_desc
+
+
 def time_host(fn, calls=2000, rounds=7):
     """Median host microseconds per call (the GPU work is far shorter than the call)."""
     for _ in range(200):
@@ -207,12 +219,8 @@ def main():
     fd = standin.from_dlpack
     cu_stream = standin.cuda.CUstream(stream.cuda_stream)
     prepared = (fd(x, assumed_align=16), fd(w, assumed_align=16), fd(y, assumed_align=16), tokens, cu_stream)
-    fields = trt_standin.PluginFieldCollection(
-        [trt_standin.PluginField("epsilon", np.array([EPS], np.float32), trt_standin.PluginFieldType.FLOAT32)])
+    fields, in_desc, out_desc = standin_plugin_args(tokens, hidden)
     creator = standin.RmsNormPluginCreator()
-    in_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF),
-               trt_standin.PluginTensorDesc((hidden,), trt_standin.DataType.FLOAT)]
-    out_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF)]
     ptrs_in, ptrs_out = [x.data_ptr(), w.data_ptr()], [y.data_ptr()]
     firsts, bares, steadies = [], [], []
     for _ in range(7):

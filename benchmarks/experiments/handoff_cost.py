@@ -27,12 +27,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import trt_standin  # noqa: E402
+from bench_rms_norm import standin_plugin_args  # noqa: E402
 from conftest import load_sample  # noqa: E402
 
 TOKENS, HIDDEN, EPS = 128, 1024, 1e-5
@@ -95,12 +97,8 @@ def main():
         time_hops(x, w, y, hops)
     torch.cuda.synchronize()
 
-    fields = trt_standin.PluginFieldCollection(
-        [trt_standin.PluginField("epsilon", np.array([EPS], np.float32), trt_standin.PluginFieldType.FLOAT32)])
+    fields, in_desc, out_desc = standin_plugin_args(TOKENS, HIDDEN, EPS)
     creator = s.RmsNormPluginCreator()
-    in_desc = [trt_standin.PluginTensorDesc((TOKENS, HIDDEN), trt_standin.DataType.HALF),
-               trt_standin.PluginTensorDesc((HIDDEN,), trt_standin.DataType.FLOAT)]
-    out_desc = [trt_standin.PluginTensorDesc((TOKENS, HIDDEN), trt_standin.DataType.HALF)]
 
     def new_plugin():
         plugin = creator.create_plugin("rms_norm", fields, trt_standin.TensorRTPhase.RUNTIME).attach_to_context(None)
