@@ -68,6 +68,13 @@ def build(name, hidden, tokens, patched):
     if name == "S":
         k = variants.compile_s("float16", hidden, *split)
         return lambda p, st: k(*p, tokens, st)
+    if name.startswith("XS"):  # X staged in shared memory by cp.async: XS[L][a][t<threads per row>][r<rows per CTA>]
+        m = re.fullmatch(r"XS(L?)(a?)(?:t(\d+))?(?:r(\d+))?", name)
+        tpr, rpc = int(m[3] or 0) or None, int(m[4] or 0) or None
+        if m[3] and not m[4]:
+            rpc = max(1, s.MIN_CTA_THREADS // tpr)
+        k = variants.compile_xs("float16", hidden, plan.early_weight and not m[1], tpr, rpc, bool(m[2]))
+        return lambda p, st: k(*p, tokens, st)
     raise SystemExit(f"unknown variant {name!r}")
 
 

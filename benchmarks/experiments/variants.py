@@ -10,6 +10,11 @@ P      grid-stride row loop; W loaded once per CTA before the loop; the next
        Launched with one CTA per row group (or a persistent grid).
 S      W staged in shared memory with cp.async (no registers for W), X in
        registers; otherwise the sample's kernel.
+XS     X staged in shared memory with cp.async (.cg: L2 only), so no register
+       holds X while its bytes are in flight; each thread reads back its own
+       vectors for the sum and again, one at a time, for the scaled store
+       (XSL: W fetched after the reduction, as the plan does for very long rows;
+       XSa: cp.async.ca, through L1; XSt<T>r<R>: T threads per row, R rows per CTA).
 B      the sample's kernel with another thread split (threads per row,
        rows per CTA), W early or late, optionally a ptxas CTAs-per-SM hint.
 chain  the sample's Step 2 as it was until the two-stage sum was adopted: one
@@ -252,6 +257,103 @@ def compile_s(dtype, hidden, tpr, rpc, vpt, arch=None):
     """S: call as kernel(mX, mW, mY, num_tokens, stream)."""
     return cute.compile(s_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
                         hidden, 1e-5, tpr, rpc, vpt, options=f"--gpu-arch {arch or _arch()}")
+
+
+@cute.kernel
+def xs_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
+              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
+              tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr,
+              early_weight: cutlass.Constexpr, l1: cutlass.Constexpr):
+    num_vecs = hidden // vec
+    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
+    mX = cute.make_tensor(x_ptr, rows)
+    mY = cute.make_tensor(y_ptr, rows)
+    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, num_vecs), stride=(1, vec)))
+    smem = cutlass.memory.SmemAllocator()
+    sX = smem.allocate_tensor(mX.element_type, cute.make_layout((rpc, (vec, num_vecs)), stride=(hidden, (1, vec))),
+                              16)
+    warps_per_row = max(1, tpr // 32)
+    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc)), 16)
+
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    row_in_cta = tidx // tpr
+    t = tidx % tpr
+    row = bidx * rpc + row_in_cta
+    row_ok = row < num_tokens
+    ragged = num_vecs % tpr != 0
+
+    # X -> shared memory with cp.async: no register holds X while its bytes are in flight.
+    # .cg (L2 only) needs 16-byte copies; narrower vectors (hidden % 8 != 0) go through .ca.
+    mode = cpasync.LoadCacheMode.GLOBAL if vec * mX.element_type.width == 128 and not l1 else cpasync.LoadCacheMode.ALWAYS
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), mX.element_type,
+                               num_bits_per_copy=vec * mX.element_type.width)
+    if row_ok:
+        for k in cutlass.range_constexpr(vpt):
+            j0 = t + k * tpr
+            if not ragged or j0 < num_vecs:
+                cute.copy(atom, mX[row, (None, j0)], sX[row_in_cta, (None, j0)])
+    cute.arch.cp_async_commit_group()
+    tWrW = cute.make_rmem_tensor((vec, vpt), Float32)
+    tWrW.fill(0.0)
+    if cutlass.const_expr(early_weight):
+        for k in cutlass.range_constexpr(vpt):
+            j1 = t + k * tpr
+            if not ragged or j1 < num_vecs:
+                cute.autovec_copy(mW[None, j1], tWrW[None, k])
+    # Each thread reads back only the vectors it copied itself: wait_group makes them visible, no barrier.
+    cute.arch.cp_async_wait_group(0)
+    tXrX = cute.make_rmem_tensor((vec, vpt), mX.element_type)
+    tXrX.fill(0.0)
+    if row_ok:
+        for k in cutlass.range_constexpr(vpt):
+            j2 = t + k * tpr
+            if not ragged or j2 < num_vecs:
+                cute.autovec_copy(sX[row_in_cta, (None, j2)], tXrX[None, k])
+    x = tXrX.load().to(Float32)
+    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
+    partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(tpr, 32))
+    if cutlass.const_expr(tpr > 32):
+        if t % 32 == 0:
+            sSum[t // 32, row_in_cta] = total
+        cute.arch.barrier()
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(warps_per_row):
+            total = total + sSum[w, row_in_cta]
+    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps, approx=True, ftz=True)
+    # X again, from shared memory, one vector at a time: nothing of X is live through the reduction.
+    if row_ok:
+        for k in cutlass.range_constexpr(vpt):
+            j3 = t + k * tpr
+            if not ragged or j3 < num_vecs:
+                if cutlass.const_expr(not early_weight):
+                    cute.autovec_copy(mW[None, j3], tWrW[None, k])
+                tXr = cute.make_rmem_tensor((vec,), mX.element_type)
+                cute.autovec_copy(sX[row_in_cta, (None, j3)], tXr)
+                tYr = cute.make_rmem_tensor((vec,), mY.element_type)
+                tYr.store((tXr.load().to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type))
+                cute.autovec_copy(tYr, mY[row, (None, j3)])
+
+
+@cute.jit
+def xs_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
+              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, early_weight: cutlass.Constexpr,
+              tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, l1: cutlass.Constexpr):
+    vec = s.plan_kernel(hidden).vec
+    vpt = (hidden // vec + tpr - 1) // tpr
+    xs_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt,
+              early_weight, l1).launch(
+        grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream)
+
+
+def compile_xs(dtype, hidden, early_weight, tpr=None, rpc=None, l1=False, arch=None):
+    """XS: call as kernel(mX, mW, mY, num_tokens, stream). tpr/rpc default to the sample's plan;
+    l1=True copies through L1 (cp.async.ca) instead of L2 only (.cg)."""
+    plan = s.plan_kernel(hidden)
+    return cute.compile(xs_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
+                        hidden, 1e-5, early_weight, tpr or plan.threads_per_row, rpc or plan.rows_per_cta, l1,
+                        options=f"--gpu-arch {arch or _arch()}")
 
 
 _STEP1 = """    for k in cutlass.range_constexpr(vecs_per_thread):
