@@ -81,13 +81,12 @@ def aot_launch_dims(plan, num_tokens):
     """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and TensorRT's symbols.
 
     These must equal what rms_norm_launch uses: the PTX requires exactly
-    plan.cta_threads threads (.reqntid) and the cross-warp reduction keeps one
-    float per warp of each row in dynamic shared memory.
+    plan.cta_threads threads (.reqntid), and its shared memory (staged rows of X,
+    one float per warp of each row for the cross-warp reduction) is dynamic, so
+    TensorRT must be told its size.
     """
     grid = (num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta
-    warps = plan.threads_per_row // 32
-    smem = 4 * warps * plan.rows_per_cta if warps > 1 else 0
-    return grid, plan.cta_threads, smem
+    return grid, plan.cta_threads, plan.shared_memory_bytes
 
 
 # %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------

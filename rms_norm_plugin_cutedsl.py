@@ -5,7 +5,8 @@
 What you will learn
 -------------------
 * How to write a memory-bound CuteDSL kernel (``@cute.kernel``) that reads every
-  byte once with 128-bit vector accesses, reduces in FP32 and casts on store.
+  byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
+  and stages mid-size rows in shared memory with ``cp.async``.
 * How to compile it ahead of the first inference call with a ``@cute.jit``
   launcher whose token count is a runtime ``Int32`` and whose stream is the one
   TensorRT hands to ``enqueue``.
@@ -67,6 +68,7 @@ try:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
+    from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import from_dlpack
 except ImportError as exc:
     if __name__ != "__main__":
@@ -105,8 +107,9 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 # FP32 weight, and writes N*H*2 bytes of Y. GB/s below always means
 #     (2*N*H*2 + H*4) / seconds.
 # The floor is a device-to-device copy of X into Y, so the kernel must read
-# each X element exactly once: a whole row lives in registers between the
-# reduction and the store.
+# each X element from DRAM exactly once: a whole row stays on chip between
+# the reduction and the store, in registers (rows up to 4 KB or over 12 KB)
+# or in shared memory (rows of 4-12 KB; see plan_kernel).
 #
 # Work split. A row of H elements is cut into 16-byte vectors (8 fp16/bf16
 # values; fewer when H is not a multiple of 8). T = threads_per_row threads
@@ -115,7 +118,7 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 # CTA (rows_per_cta rows side by side); plan_kernel() picks T and says why.
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
-#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X (and W)
+#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X, W (4-12 KB rows: X via smem)
 #                 \    \        /     /    /       /
 #                  partial sum of x^2 per thread (FP32)      <- Step 2
 #                  \___ warp butterfly shuffle ___/          <- Step 3a
@@ -124,9 +127,11 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 #                  rstd = rsqrt(total / H + eps)             <- Step 4
 #                  y = x * rstd * w, cast, 16-byte stores    <- Step 5
 
-VECTOR_BYTES = 16          # widest global load/store per thread (ld.global.v4.b32)
+VECTOR_BYTES = 16          # widest global load/store per thread (ld.global.v4.b32, cp.async.cg)
 SHORT_ROW_BYTES = 4096     # rows up to this size are latency-bound, longer ones bandwidth-bound
 EARLY_WEIGHT_ROW_BYTES = 16384  # up to this row size W is loaded before the reduction; longer rows after it
+STAGED_ROW_BYTES = 12288   # rows over SHORT_ROW_BYTES and up to this size stage X in shared memory
+STAGED_THREADS_PER_ROW = 256  # a staged row is split over 8 warps: 2-3 vectors per thread
 MIN_CTA_THREADS = 128      # short rows are packed until a CTA has this many threads
 MAX_THREADS_PER_ROW = 1024  # one CTA per row at most
 MAX_HIDDEN = 32768         # 1024 threads x 4 vectors x 8 elements: the whole row fits in registers
@@ -138,33 +143,56 @@ class KernelPlan:
     """How one hidden size maps onto threads; every field is a compile-time constant."""
 
     hidden: int
+    elem_bytes: int       # bytes per X/Y element (2: fp16 or bf16)
     vec: int              # elements per vector access
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
     early_weight: bool    # load W before the reduction, or after it (very long rows)
+    stage_x: bool         # X goes to shared memory by cp.async (rows of 4-12 KB), or straight to registers
 
     @property
     def cta_threads(self) -> int:
         return self.threads_per_row * self.rows_per_cta
 
+    @property
+    def shared_memory_bytes(self) -> int:
+        """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
+        rows (if any), then one FP32 sum per warp of each row (if a row spans warps)."""
+        staged = self.rows_per_cta * self.hidden * self.elem_bytes if self.stage_x else 0
+        warps = self.threads_per_row // 32
+        return staged + (4 * warps * self.rows_per_cta if warps > 1 else 0)
+
 
 def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
-    Short rows are latency-bound: 2 vectors per thread keeps each thread's
-    chain of loads short. Longer rows are bandwidth-bound: 4 vectors per
-    thread keeps more bytes in flight per thread. W is requested before the
-    cross-thread reduction, so its latency (a cache hit: every row reads the
-    same W) hides behind the shuffles and the barrier. Where ptxas issues
-    them depends on the dtype and the row (sm_90a SASS): right behind X's at
-    hidden 1024, partly or wholly after X has arrived at hidden 4096.
-    Putting them before X's in the source made every load go out at once but
-    ran 4-14% slower from 4096 x 4096 up and 3-4% slower at 1-512 x 1024
-    (benchmarks/NOTES.md). Very long rows fetch W only after the reduction:
+    Short rows (up to 4 KB) are latency-bound: X goes straight to registers
+    and 2 vectors per thread keep each thread's chain of loads short.
+
+    Rows of 4-12 KB (2048 < H <= 6144 in fp16/bf16, H a multiple of 8) are
+    bandwidth-bound and staged: X goes to shared memory by cp.async, which
+    ties up no register while its bytes come from DRAM, and each thread reads
+    its own vectors back, all at once for the sum and one at a time for the
+    store. Held in registers, a 4 KB row costs 78 registers per thread and
+    only 6 CTAs of 128 threads fit on an SM; staged, 40 and 6 CTAs of 256.
+    A staged row gets 256 threads (2-3 vectors each). Measured on the H200,
+    in units of a copy's time: hidden 4096 from 1.06 to 1.00 at 4096 tokens
+    and from 1.03 to 1.01 at 16384, hidden 2560 and 5120 from 1.15-1.24 to
+    1.02-1.07, for 0.13-0.18 us more at 1-128 tokens (benchmarks/NOTES.md).
+    Staged 16 KB rows (hidden 8192) ran up to 2% slower from 8192 tokens on,
+    so longer rows keep X in registers with 4 vectors per thread, as do rows
+    whose H is not a multiple of 8 (cp.async.cg copies exactly 16 bytes).
+
+    W is requested before the cross-thread reduction, so its latency (a cache
+    hit: every row reads the same W) hides behind X's and the shuffles; where
+    ptxas issues those loads varies with the row (sm_90a SASS, see NOTES).
+    With X in registers, putting W's loads before X's in the source made all
+    of them go out at once but ran 4-14% slower from 4096 x 4096 up and 3-4%
+    slower at 1-512 x 1024. Rows over 16 KB fetch W only after the reduction:
     holding it through the reduction would cost so many registers that fewer
     CTAs fit on an SM (measured on the H200: hidden 16384 ran 25% faster that
-    way, hidden 4096 3% slower).
+    way, hidden 4096 with X in registers 3% slower).
     """
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden_dim must be in [1, {MAX_HIDDEN}], got {hidden}")
@@ -172,12 +200,17 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
         vec //= 2
     num_vecs = hidden // vec
-    short = hidden * elem_bytes <= SHORT_ROW_BYTES
-    per_thread = 2 if short else 4
-    threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_THREADS_PER_ROW)
+    row_bytes = hidden * elem_bytes
+    short = row_bytes <= SHORT_ROW_BYTES
+    early_weight = row_bytes <= EARLY_WEIGHT_ROW_BYTES
+    stage_x = not short and row_bytes <= STAGED_ROW_BYTES and vec * elem_bytes == VECTOR_BYTES
+    if stage_x:
+        threads = STAGED_THREADS_PER_ROW
+    else:
+        per_thread = 2 if short else 4
+        threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_THREADS_PER_ROW)
     rows = max(1, MIN_CTA_THREADS // threads)
-    early_weight = hidden * elem_bytes <= EARLY_WEIGHT_ROW_BYTES
-    return KernelPlan(hidden, vec, threads, rows, math.ceil(num_vecs / threads), early_weight)
+    return KernelPlan(hidden, elem_bytes, vec, threads, rows, math.ceil(num_vecs / threads), early_weight, stage_x)
 
 
 @cute.kernel
@@ -193,6 +226,7 @@ def rms_norm_kernel(
     rows_per_cta: cutlass.Constexpr,
     vecs_per_thread: cutlass.Constexpr,
     early_weight: cutlass.Constexpr,
+    stage_x: cutlass.Constexpr,
 ):
     # The parameters are (X, W, num_tokens, Y): raw pointers and one int32, in
     # the order TensorRT's ahead-of-time plugin launcher passes them (inputs,
@@ -214,25 +248,49 @@ def rms_norm_kernel(
     row_ok = row < num_tokens
     # Whether the last column of vectors is only partly owned (needs a predicate).
     ragged = num_vecs % threads_per_row != 0
+    smem = cutlass.memory.SmemAllocator()
 
     # Step 1: each thread loads its vectors of X (and, unless rows are very long, of W)
     # into registers. Out-of-range slots stay zero: they add nothing to the sum.
+    # A staged row (stage_x) goes to shared memory first, by cp.async.cg (16 bytes
+    # per copy, cached in L2 only), while W is loaded; each thread then waits for
+    # its own copies only and reads them back, so no barrier is needed, and no
+    # register is tied up while X's bytes come from DRAM.
     tXrX = cute.make_rmem_tensor((vec, vecs_per_thread), mX.element_type)
     tWrW = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
     tXrX.fill(0.0)
     tWrW.fill(0.0)
+    if cutlass.const_expr(stage_x):
+        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((rows_per_cta, (vec, num_vecs)),
+                                                                    stride=(hidden, (1, vec))), 16)
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
+                                  num_bits_per_copy=VECTOR_BYTES * 8)
+        if row_ok:
+            for k in cutlass.range_constexpr(vecs_per_thread):
+                j = t + k * threads_per_row
+                if not ragged or j < num_vecs:
+                    cute.copy(g2s, mX[row, (None, j)], sX[row_in_cta, (None, j)])
+        cute.arch.cp_async_commit_group()
     for k in cutlass.range_constexpr(vecs_per_thread):
         j = t + k * threads_per_row
         if not ragged or j < num_vecs:
             if cutlass.const_expr(early_weight):
                 cute.autovec_copy(mW[None, j], tWrW[None, k])
-            if row_ok:
-                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+            if cutlass.const_expr(not stage_x):
+                if row_ok:
+                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+    if cutlass.const_expr(stage_x):
+        cute.arch.cp_async_wait_group(0)
+        if row_ok:
+            for k in cutlass.range_constexpr(vecs_per_thread):
+                j = t + k * threads_per_row
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(sX[row_in_cta, (None, j)], tXrX[None, k])
 
     # Step 2: per-thread partial sum of squares, in FP32. Adding across the
     # thread's vectors first (vec independent running sums), then within one
     # vector, keeps the chain of dependent adds vecs_per_thread + vec long
-    # instead of vecs_per_thread * vec (12 instead of 32 at hidden 4096): every
+    # instead of vecs_per_thread * vec (12 instead of 32 at hidden 8192): every
     # row waits for this chain before its shuffles (up to 7% faster on the H200).
     x = tXrX.load().to(Float32)
     lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
@@ -243,7 +301,6 @@ def rms_norm_kernel(
     if cutlass.const_expr(threads_per_row > 32):
         # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
         warps_per_row = threads_per_row // 32
-        smem = cutlass.memory.SmemAllocator()
         sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rows_per_cta)), 16)
         warp_in_row = t // 32
         if t % 32 == 0:
@@ -275,13 +332,27 @@ def rms_norm_kernel(
             j = t + k * threads_per_row
             if not ragged or j < num_vecs:
                 cute.autovec_copy(mW[None, j], tWrW[None, k])
-    tYrY = cute.make_rmem_tensor((vec, vecs_per_thread), mY.element_type)
-    tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
-    if row_ok:
-        for k in cutlass.range_constexpr(vecs_per_thread):
-            j = t + k * threads_per_row
-            if not ragged or j < num_vecs:
-                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
+    if cutlass.const_expr(stage_x):
+        # A staged row reads X back from shared memory one vector at a time: its FP32
+        # values are not held through Steps 3-4, and with this order ptxas also issues
+        # W's loads ahead of X's copies, so W's latency hides behind X's.
+        if row_ok:
+            for k in cutlass.range_constexpr(vecs_per_thread):
+                j = t + k * threads_per_row
+                if not ragged or j < num_vecs:
+                    tXrXk = cute.make_rmem_tensor((vec,), mX.element_type)
+                    cute.autovec_copy(sX[row_in_cta, (None, j)], tXrXk)
+                    tYrYk = cute.make_rmem_tensor((vec,), mY.element_type)
+                    tYrYk.store((tXrXk.load().to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type))
+                    cute.autovec_copy(tYrYk, mY[row, (None, j)])
+    else:
+        tYrY = cute.make_rmem_tensor((vec, vecs_per_thread), mY.element_type)
+        tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
+        if row_ok:
+            for k in cutlass.range_constexpr(vecs_per_thread):
+                j = t + k * threads_per_row
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
 
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
@@ -307,6 +378,7 @@ def rms_norm_launch(
     rms_norm_kernel(
         mX.iterator, mW.iterator, num_tokens, mY.iterator,
         hidden, eps, plan.vec, plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight,
+        plan.stage_x,
     ).launch(
         grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1],
         block=[plan.cta_threads, 1, 1],

@@ -52,7 +52,7 @@ def test_epsilon_is_baked_into_the_ptx():
     assert f32_literal(1e-3) in ptx_1e3 and f32_literal(1e-3) not in ptx_1e5
 
 
-@pytest.mark.parametrize("hidden", [1, 100, 1024, 4096, 16384])
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 5120, 8192, 16384])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
 def test_launch_dims_cover_every_row_with_the_threads_the_ptx_requires(hidden, tokens):
     plan = sample.plan_kernel(hidden)

@@ -58,7 +58,7 @@ def launch_like_tensorrt(function, plan, x, w, y, num_tokens, stream):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden", [100, 1024, 4096, 16384])
+@pytest.mark.parametrize("hidden", [100, 1024, 2560, 4096, 5120, 16384])  # 2560-5120: staged rows
 def test_aot_ptx_runs_under_tensorrts_calling_convention(arch, dtype, hidden):
     import torch
 

@@ -40,20 +40,57 @@ def test_kernel_compiles_for_target(arch, dtype, hidden):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden", [256, 1000, 1024, 4096, 8192, 16384])
 def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
-    """hidden % 8 == 0: every X/Y access is one 16-byte vector and W is read 16 bytes at a time."""
+    """hidden % 8 == 0: every X/Y access is one 16-byte vector and W is read 16 bytes at a time.
+
+    (A staged row reads X by 16-byte cp.async instead of ld.global: see the next test.)"""
     accesses = global_accesses(ptx_of(dtype, hidden, "sm_90a"))
     assert accesses == {"ld.global.v4.b32", "st.global.v4.b32"}, accesses
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden,staged", [(2048, False), (2056, True), (2560, True), (4096, True), (5120, True),
+                                           (6144, True), (6152, False), (4100, False), (8192, False), (16384, False)])
+def test_rows_of_4_to_16_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, staged):
+    """Rows over 4 KB and up to 12 KB with hidden % 8 == 0 (staged) copy X to shared memory by 16-byte
+    cp.async.cg, one copy per vector, split over 256 threads; each thread waits for its own copies with no
+    barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
+    very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
+    plan = sample.plan_kernel(hidden)
+    assert plan.stage_x == staged
+    ptx = ptx_of(dtype, hidden, arch)
+    copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
+    if not staged:
+        assert "cp.async" not in ptx
+        return
+    assert plan.threads_per_row == 256
+    assert copies == [("cg", "16")] * plan.vecs_per_thread, copies
+    commit, wait = ptx.index("cp.async.commit_group"), ptx.index("cp.async.wait_group")
+    assert commit < wait and not re.search(r"bar(?:rier)?\.sync", ptx[:wait])
+    assert len(re.findall(r"\bld\.global\.", ptx)) == 2 * plan.vecs_per_thread
+
+
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 8192, 16384])
+def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden):
+    """What the AOT launch asks TensorRT for: hidden * 2 bytes per staged row, 4 per warp of a multi-warp row."""
+    plan = sample.plan_kernel(hidden)
+    rows = plan.rows_per_cta
+    staged = rows * hidden * 2 if plan.stage_x else 0
+    warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
+    assert plan.shared_memory_bytes == staged + warp_sums
+    assert plan.shared_memory_bytes <= 48 * 1024, "more would need an opt-in launch attribute"
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden", [1, 100, 1024, 4096, 8192, 16384, sample.MAX_HIDDEN])
-def test_row_stays_in_registers_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
-    """No spills (a row lives in registers) and >= 768 resident threads per SM on sm_90 (64K registers).
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 5120, 8192, 16384, sample.MAX_HIDDEN])
+def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
+    """No spills and >= 768 resident threads per SM on sm_90 (64K registers, 228 KB shared memory).
 
-    768 is what the plan gives the register-heaviest rows (hidden 4096 and 8192: 78-80 registers, 6 CTAs
-    of 128 / 3 of 256 threads); one more register allocation step there would drop a CTA per SM, i.e. fewer
-    rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
+    768 is what the plan gives its register-heaviest rows, hidden 8192 with X and W in registers (80
+    registers, 3 CTAs of 256 threads); one more register allocation step there would drop a CTA per SM,
+    i.e. fewer rows in flight on a kernel that is bound by memory latency. Staged rows need far fewer
+    (32-56 registers at hidden 2560-5120; hidden 4096 needed 78 with X in registers) (benchmarks/NOTES.md).
     """
     path = tmp_path / "k.ptx"
     path.write_text(ptx_of(dtype, hidden, "sm_90a"))
@@ -64,8 +101,11 @@ def test_row_stays_in_registers_and_enough_threads_fit_on_an_sm(tmp_path, dtype,
         r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr).groups())
     assert (frame, spill_st, spill_ld) == (0, 0, 0), proc.stderr
     regs = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
-    cta = sample.plan_kernel(hidden).cta_threads
-    ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * cta), 2048 // cta, 32)  # 8-register allocation unit
+    plan = sample.plan_kernel(hidden)
+    cta = plan.cta_threads
+    ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * cta),  # 8-register allocation unit
+                      228 * 1024 // (plan.shared_memory_bytes + 1024),  # 1 KB per CTA reserved by the system
+                      2048 // cta, 32)
     assert ctas_per_sm * cta >= 768, f"{regs} registers x {cta} threads: {ctas_per_sm} CTAs per SM"
 
 

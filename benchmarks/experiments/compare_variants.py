@@ -61,19 +61,12 @@ def build(name, hidden, tokens, patched):
         k = variants.compile_p("float16", hidden, *split, minb=int(name[5:]))
         return lambda p, st: k(*p, tokens, groups, st)
     if name.startswith("B"):  # B<threads per row>x<rows per CTA>[L: W after the reduction][m<N>: N CTAs/SM hint]
-        m = re.fullmatch(r"B(\d+)x(\d+)(L?)(?:m(\d+))?", name)
+        m = re.fullmatch(r"B(\d+)x(\d+)(L?)(?:m(\d+))?(S?)", name)  # [S: X staged in shared memory]
         tpr, rpc = int(m[1]), int(m[2])
-        k = variants.compile_split("float16", hidden, tpr, rpc, not m[3], int(m[4] or 0))
+        k = variants.compile_split("float16", hidden, tpr, rpc, not m[3], int(m[4] or 0), bool(m[5]))
         return lambda p, st: k(*p, tokens, st)
     if name == "S":
         k = variants.compile_s("float16", hidden, *split)
-        return lambda p, st: k(*p, tokens, st)
-    if name.startswith("XS"):  # X staged in shared memory by cp.async: XS[L][a][t<threads per row>][r<rows per CTA>]
-        m = re.fullmatch(r"XS(L?)(a?)(?:t(\d+))?(?:r(\d+))?", name)
-        tpr, rpc = int(m[3] or 0) or None, int(m[4] or 0) or None
-        if m[3] and not m[4]:
-            rpc = max(1, s.MIN_CTA_THREADS // tpr)
-        k = variants.compile_xs("float16", hidden, plan.early_weight and not m[1], tpr, rpc, bool(m[2]))
         return lambda p, st: k(*p, tokens, st)
     raise SystemExit(f"unknown variant {name!r}")
 
@@ -95,7 +88,7 @@ def main():
     loaders = {"wfirst": variants.load_w_first_sample, "chain": variants.load_chain_sample,
                "tree": variants.load_tree_sample, "xre": variants.load_reload_sample,
                "xre_wfirst": variants.load_reload_w_first_sample, "xpk": variants.load_repack_sample,
-               "x64": variants.load_half_vector_sample,
+               "x64": variants.load_half_vector_sample, "regs": variants.load_registers_sample,
                "guard": variants.load_guarded_rsqrt_sample, "n0": variants.load_no_zero_sample,
                "s2": variants.load_chain2_sample, "t2": variants.load_tree2_sample}
     loaders.update({name: (lambda name=name: variants.load_cache_hint_sample(name)) for name in variants._CACHE_HINTS})

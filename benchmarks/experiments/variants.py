@@ -10,13 +10,14 @@ P      grid-stride row loop; W loaded once per CTA before the loop; the next
        Launched with one CTA per row group (or a persistent grid).
 S      W staged in shared memory with cp.async (no registers for W), X in
        registers; otherwise the sample's kernel.
-XS     X staged in shared memory with cp.async (.cg: L2 only), so no register
-       holds X while its bytes are in flight; each thread reads back its own
-       vectors for the sum and again, one at a time, for the scaled store
-       (XSL: W fetched after the reduction, as the plan does for very long rows;
-       XSa: cp.async.ca, through L1; XSt<T>r<R>: T threads per row, R rows per CTA).
 B      the sample's kernel with another thread split (threads per row,
-       rows per CTA), W early or late, optionally a ptxas CTAs-per-SM hint.
+       rows per CTA), W early or late, optionally a ptxas CTAs-per-SM hint,
+       X in registers or staged in shared memory by cp.async (suffix S; the
+       XS kernel that was measured before staging was adopted, with its
+       cp.async.ca option, is in commit 50ae538).
+regs   the sample's kernel with X in registers at every row length: the
+       kernel before rows of 4-12 KB were staged. Every variant below that
+       patches the sample keeps that plan too, as it was measured against it.
 chain  the sample's Step 2 as it was until the two-stage sum was adopted: one
        running sum of squares per thread (vec * vecs_per_thread dependent FMAs).
 tree   the sample's kernel with that sum taken as a pairwise tree.
@@ -158,18 +159,19 @@ def compile_p(dtype, hidden, tpr, rpc, vpt, arch=None, minb=0):
 @cute.jit
 def split_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
                  hidden: cutlass.Constexpr, eps: cutlass.Constexpr, tpr: cutlass.Constexpr, rpc: cutlass.Constexpr,
-                 early_weight: cutlass.Constexpr, minb: cutlass.Constexpr):
+                 early_weight: cutlass.Constexpr, minb: cutlass.Constexpr, stage_x: cutlass.Constexpr):
     vec = s.plan_kernel(hidden, mX.element_type.width // 8).vec
     vpt = (hidden // vec + tpr - 1) // tpr
     s.rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator,
-                      hidden, eps, vec, tpr, rpc, vpt, early_weight).launch(
+                      hidden, eps, vec, tpr, rpc, vpt, early_weight, stage_x).launch(
         grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream, min_blocks_per_mp=minb)
 
 
-def compile_split(dtype, hidden, tpr, rpc, early_weight, minb=0, arch=None):
-    """B: the sample's own kernel with another thread split; call as kernel(mX, mW, mY, num_tokens, stream)."""
+def compile_split(dtype, hidden, tpr, rpc, early_weight, minb=0, stage_x=False, arch=None):
+    """B: the sample's own kernel with another thread split, X in registers or (stage_x) staged in shared
+    memory; call as kernel(mX, mW, mY, num_tokens, stream)."""
     return cute.compile(split_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
-                        hidden, 1e-5, tpr, rpc, early_weight, minb, options=f"--gpu-arch {arch or _arch()}")
+                        hidden, 1e-5, tpr, rpc, early_weight, minb, stage_x, options=f"--gpu-arch {arch or _arch()}")
 
 
 @cute.kernel
@@ -259,110 +261,14 @@ def compile_s(dtype, hidden, tpr, rpc, vpt, arch=None):
                         hidden, 1e-5, tpr, rpc, vpt, options=f"--gpu-arch {arch or _arch()}")
 
 
-@cute.kernel
-def xs_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
-              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, vec: cutlass.Constexpr,
-              tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, vpt: cutlass.Constexpr,
-              early_weight: cutlass.Constexpr, l1: cutlass.Constexpr):
-    num_vecs = hidden // vec
-    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
-    mX = cute.make_tensor(x_ptr, rows)
-    mY = cute.make_tensor(y_ptr, rows)
-    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, num_vecs), stride=(1, vec)))
-    smem = cutlass.memory.SmemAllocator()
-    sX = smem.allocate_tensor(mX.element_type, cute.make_layout((rpc, (vec, num_vecs)), stride=(hidden, (1, vec))),
-                              16)
-    warps_per_row = max(1, tpr // 32)
-    sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rpc)), 16)
-
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    row_in_cta = tidx // tpr
-    t = tidx % tpr
-    row = bidx * rpc + row_in_cta
-    row_ok = row < num_tokens
-    ragged = num_vecs % tpr != 0
-
-    # X -> shared memory with cp.async: no register holds X while its bytes are in flight.
-    # .cg (L2 only) needs 16-byte copies; narrower vectors (hidden % 8 != 0) go through .ca.
-    mode = cpasync.LoadCacheMode.GLOBAL if vec * mX.element_type.width == 128 and not l1 else cpasync.LoadCacheMode.ALWAYS
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), mX.element_type,
-                               num_bits_per_copy=vec * mX.element_type.width)
-    if row_ok:
-        for k in cutlass.range_constexpr(vpt):
-            j0 = t + k * tpr
-            if not ragged or j0 < num_vecs:
-                cute.copy(atom, mX[row, (None, j0)], sX[row_in_cta, (None, j0)])
-    cute.arch.cp_async_commit_group()
-    tWrW = cute.make_rmem_tensor((vec, vpt), Float32)
-    tWrW.fill(0.0)
-    if cutlass.const_expr(early_weight):
-        for k in cutlass.range_constexpr(vpt):
-            j1 = t + k * tpr
-            if not ragged or j1 < num_vecs:
-                cute.autovec_copy(mW[None, j1], tWrW[None, k])
-    # Each thread reads back only the vectors it copied itself: wait_group makes them visible, no barrier.
-    cute.arch.cp_async_wait_group(0)
-    tXrX = cute.make_rmem_tensor((vec, vpt), mX.element_type)
-    tXrX.fill(0.0)
-    if row_ok:
-        for k in cutlass.range_constexpr(vpt):
-            j2 = t + k * tpr
-            if not ragged or j2 < num_vecs:
-                cute.autovec_copy(sX[row_in_cta, (None, j2)], tXrX[None, k])
-    x = tXrX.load().to(Float32)
-    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
-    partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(tpr, 32))
-    if cutlass.const_expr(tpr > 32):
-        if t % 32 == 0:
-            sSum[t // 32, row_in_cta] = total
-        cute.arch.barrier()
-        total = Float32(0.0)
-        for w in cutlass.range_constexpr(warps_per_row):
-            total = total + sSum[w, row_in_cta]
-    rstd = cute.math.rsqrt(total * (1.0 / hidden) + eps, approx=True, ftz=True)
-    # X again, from shared memory, one vector at a time: nothing of X is live through the reduction.
-    if row_ok:
-        for k in cutlass.range_constexpr(vpt):
-            j3 = t + k * tpr
-            if not ragged or j3 < num_vecs:
-                if cutlass.const_expr(not early_weight):
-                    cute.autovec_copy(mW[None, j3], tWrW[None, k])
-                tXr = cute.make_rmem_tensor((vec,), mX.element_type)
-                cute.autovec_copy(sX[row_in_cta, (None, j3)], tXr)
-                tYr = cute.make_rmem_tensor((vec,), mY.element_type)
-                tYr.store((tXr.load().to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type))
-                cute.autovec_copy(tYr, mY[row, (None, j3)])
-
-
-@cute.jit
-def xs_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
-              hidden: cutlass.Constexpr, eps: cutlass.Constexpr, early_weight: cutlass.Constexpr,
-              tpr: cutlass.Constexpr, rpc: cutlass.Constexpr, l1: cutlass.Constexpr):
-    vec = s.plan_kernel(hidden).vec
-    vpt = (hidden // vec + tpr - 1) // tpr
-    xs_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, hidden, eps, vec, tpr, rpc, vpt,
-              early_weight, l1).launch(
-        grid=[(num_tokens + rpc - 1) // rpc, 1, 1], block=[tpr * rpc, 1, 1], stream=stream)
-
-
-def compile_xs(dtype, hidden, early_weight, tpr=None, rpc=None, l1=False, arch=None):
-    """XS: call as kernel(mX, mW, mY, num_tokens, stream). tpr/rpc default to the sample's plan;
-    l1=True copies through L1 (cp.async.ca) instead of L2 only (.cg)."""
-    plan = s.plan_kernel(hidden)
-    return cute.compile(xs_launch, *_fake_args(dtype, hidden), Int32(1), cute.runtime.make_fake_stream(),
-                        hidden, 1e-5, early_weight, tpr or plan.threads_per_row, rpc or plan.rows_per_cta, l1,
-                        options=f"--gpu-arch {arch or _arch()}")
-
-
 _STEP1 = """    for k in cutlass.range_constexpr(vecs_per_thread):
         j = t + k * threads_per_row
         if not ragged or j < num_vecs:
             if cutlass.const_expr(early_weight):
                 cute.autovec_copy(mW[None, j], tWrW[None, k])
-            if row_ok:
-                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+            if cutlass.const_expr(not stage_x):
+                if row_ok:
+                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
 """
 _STEP1_W_FIRST = """    if cutlass.const_expr(early_weight):
         for k in cutlass.range_constexpr(vecs_per_thread):
@@ -372,8 +278,9 @@ _STEP1_W_FIRST = """    if cutlass.const_expr(early_weight):
     for k in cutlass.range_constexpr(vecs_per_thread):
         j = t + k * threads_per_row
         if not ragged or j < num_vecs:
-            if row_ok:
-                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+            if cutlass.const_expr(not stage_x):
+                if row_ok:
+                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
 """
 
 
@@ -394,10 +301,16 @@ _REDUCE_TREE = """    sq = cute.make_rmem_tensor((vec, vecs_per_thread), Float32
 """ + _PAIRWISE_SUM
 
 
+_STAGE_X = "    stage_x = not short and row_bytes <= STAGED_ROW_BYTES and vec * elem_bytes == VECTOR_BYTES\n"
+
+
 def _load_patched_sample(name, *patches):
-    """The sample module with pieces of its source replaced ((old, new) pairs)."""
+    """The sample module with pieces of its source replaced ((old, new) pairs), X always in registers.
+
+    These variants were measured against the register kernel (before rows of 4-12 KB were staged in
+    shared memory), so they keep its plan: with stage_x off, the plan is what it was then."""
     source = open(os.path.join(ROOT, "rms_norm_plugin_cutedsl.py")).read()
-    for old, new in patches:
+    for old, new in ((_STAGE_X, "    stage_x = False\n"),) + patches:
         if old not in source:
             raise RuntimeError(f"the sample's kernel changed; update the {name} patch in variants.py")
         source = source.replace(old, new)
@@ -411,8 +324,8 @@ def _load_patched_sample(name, *patches):
     return module
 
 
-_X_LOAD = "                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])\n"
-_Y_STORE = "                cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])\n"
+_X_LOAD = "                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])\n"
+_Y_STORE = "                    cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])\n"
 _BITS = "num_bits_per_copy=vec * mX.element_type.width"
 _W_LOAD = "                cute.autovec_copy(mW[None, j], tWrW[None, k])\n"  # both places W is loaded
 _L1 = "l1c_evict_priority=cute.nvgpu.CacheEvictionPriority."
@@ -434,26 +347,31 @@ def load_cache_hint_sample(name):
     load_x, load_w, store = _CACHE_HINTS[name]
     patches = []
     if load_x:
-        patches.append((_X_LOAD, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mX.element_type, "
+        patches.append((_X_LOAD, "                    cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mX.element_type, "
                                  f"{load_x}), mX[row, (None, j)], tXrX[None, k])\n"))
     if load_w:  # W's vector is vec fp32 values: 128-bit pieces of it
         patches.append((_W_LOAD, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, "
                                  f"{load_w}), cute.zipped_divide(mW[None, j], (min(vec, 4),)), "
                                  "cute.zipped_divide(tWrW[None, k], (min(vec, 4),)))\n"))
     if store:
-        patches.append((_Y_STORE, "                cute.copy(cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), mY.element_type, "
+        patches.append((_Y_STORE, "                    cute.copy(cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), mY.element_type, "
                                   f"{store}), tYrY[None, k], mY[row, (None, j)])\n"))
     return _load_patched_sample(name, *patches)
 
 
-_STEP5_SCALE = "    tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))\n"
-_STEP5_RELOAD = """    if row_ok:
-        for k in cutlass.range_constexpr(vecs_per_thread):
-            j = t + k * threads_per_row
-            if not ragged or j < num_vecs:
-                cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
-    tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
+_STEP5_SCALE = "        tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))\n"
+_STEP5_RELOAD = """        if row_ok:
+            for k in cutlass.range_constexpr(vecs_per_thread):
+                j = t + k * threads_per_row
+                if not ragged or j < num_vecs:
+                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
+        tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
 """
+
+
+def load_registers_sample():
+    """regs: the sample module with X in registers at every row length (the kernel before staging was adopted)."""
+    return _load_patched_sample("regs")
 
 
 def load_reload_sample():
@@ -462,13 +380,13 @@ def load_reload_sample():
 
 
 _IMPORT_CUTE = "    import cutlass.cute as cute\n"
-_STEP5_REPACK = """    tXi = cute.recast_tensor(tXrX, Int32)
-    for i in cutlass.range_constexpr(cute.size(tXi)):
-        tXi[i] = Int32(llvm.inline_asm(
-            Int32.mlir_type, [tXi[i].ir_value()],
-            "{ .reg .u32 lane; mov.u32 lane, %laneid; shfl.sync.idx.b32 $0, $1, lane, 31, -1; }",
-            "=r,r", has_side_effects=True))
-    tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
+_STEP5_REPACK = """        tXi = cute.recast_tensor(tXrX, Int32)
+        for i in cutlass.range_constexpr(cute.size(tXi)):
+            tXi[i] = Int32(llvm.inline_asm(
+                Int32.mlir_type, [tXi[i].ir_value()],
+                "{ .reg .u32 lane; mov.u32 lane, %laneid; shfl.sync.idx.b32 $0, $1, lane, 31, -1; }",
+                "=r,r", has_side_effects=True))
+        tYrY.store((tXrX.load().to(Float32) * rstd * tWrW.load()).to(mY.element_type))
 """
 
 
