@@ -324,9 +324,10 @@ def rms_norm_kernel(
         rstd = cute.math.rsqrt(mean_sq_eps)
 
     # Step 5: scale in FP32, cast once, store with the same vectors that were loaded.
-    # Default cache policy on purpose: evict-first stores of Y (with X loads that
-    # skip L1) timed faster alone but made a producer -> RMSNorm -> consumer
-    # pipeline up to 6% slower at some sizes (benchmarks/NOTES.md).
+    # Y is stored with the default cache policy on purpose: evict-first stores of Y
+    # (with X loads that skip L1) timed faster alone but made a producer ->
+    # RMSNorm -> consumer pipeline up to 6% slower at some sizes. (Staged rows'
+    # X copies skip L1 too; in that pipeline they were faster, benchmarks/NOTES.md.)
     if cutlass.const_expr(not early_weight):
         for k in cutlass.range_constexpr(vecs_per_thread):
             j = t + k * threads_per_row
@@ -334,8 +335,9 @@ def rms_norm_kernel(
                 cute.autovec_copy(mW[None, j], tWrW[None, k])
     if cutlass.const_expr(stage_x):
         # A staged row reads X back from shared memory one vector at a time: its FP32
-        # values are not held through Steps 3-4, and with this order ptxas also issues
-        # W's loads ahead of X's copies, so W's latency hides behind X's.
+        # values are not held through Steps 3-4, and ptxas then issues W's loads before
+        # the cp.async wait at hidden 2560-4096. Reading all of X back at once, it
+        # issued them after the wait and 4096 x 4096 ran 7% slower (benchmarks/NOTES.md).
         if row_ok:
             for k in cutlass.range_constexpr(vecs_per_thread):
                 j = t + k * threads_per_row
