@@ -360,10 +360,11 @@ def rms_norm_kernel(
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
 # Baked in at compile time: X/Y dtype, hidden size (and with it the plan:
-# vector width, threads per row, rows per CTA), epsilon, and the 16-byte
-# alignment of the three base pointers. Runtime arguments: the three
-# addresses, num_tokens and the stream. One compiled kernel therefore serves
-# every token count of the optimization profile.
+# vector width, threads per row, rows per CTA, whether X is staged in shared
+# memory), epsilon, and the 16-byte alignment of the three base pointers.
+# Runtime arguments: the three addresses, num_tokens and the stream. One
+# compiled kernel therefore serves every token count of the optimization
+# profile.
 
 
 @cute.jit
