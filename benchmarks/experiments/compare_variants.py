@@ -5,7 +5,8 @@ For every shape: each variant is checked against a float64 reference (output
 poisoned with NaN first), then copy_ and every variant are timed by CUDA-graph
 replay (benchmarks/bench_rms_norm.py's time_device) in --rounds interleaved
 rounds, so slow drift of the shared machine hits all of them alike. Printed:
-median us and median (min-max) ratio to copy_. fp16 X/Y, fp32 W, eps 1e-5.
+median us and median (min-max) ratio to copy_. fp16 X/Y (--dtype bfloat16 for
+bf16), fp32 W, eps 1e-5.
 
     python3 benchmarks/experiments/compare_variants.py                 # the NOTES.md table
     python3 benchmarks/experiments/compare_variants.py --once 4096x4096  # one launch each, for ncu
@@ -38,35 +39,35 @@ SHAPES = ["1x1024", "128x1024", "512x1024", "4096x100", "4096x1024", "2048x4096"
           "16384x4096", "4096x8192", "4096x16384", "32768x8192"]
 
 
-def build(name, hidden, tokens, patched):
+def build(name, hidden, tokens, patched, dtype):
     """(callable(prep, stream), label) for one variant at one shape."""
     plan = s.plan_kernel(hidden)
     split = (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread)
     groups = (tokens + plan.rows_per_cta - 1) // plan.rows_per_cta
     if name == "base":
-        k = s.compile_rms_norm("float16", hidden, EPS)
+        k = s.compile_rms_norm(dtype, hidden, EPS)
         return lambda p, st: k(*p, tokens, st)
     if name in patched:
-        k = patched[name].compile_rms_norm("float16", hidden, EPS)
+        k = patched[name].compile_rms_norm(dtype, hidden, EPS)
         return lambda p, st: k(*p, tokens, st)
     if name == "P":
-        k = variants.compile_p("float16", hidden, *split)
+        k = variants.compile_p(dtype, hidden, *split)
         return lambda p, st: k(*p, tokens, groups, st)
     if name.startswith("P-k"):  # persistent: k CTAs per SM
         per_sm = int(name[3:])
         grid = min(groups, per_sm * torch.cuda.get_device_properties(0).multi_processor_count)
-        k = variants.compile_p("float16", hidden, *split)
+        k = variants.compile_p(dtype, hidden, *split)
         return lambda p, st: k(*p, tokens, grid, st)
     if name.startswith("P-min"):  # ask ptxas for at least N CTAs per SM (nvvm.minctasm)
-        k = variants.compile_p("float16", hidden, *split, minb=int(name[5:]))
+        k = variants.compile_p(dtype, hidden, *split, minb=int(name[5:]))
         return lambda p, st: k(*p, tokens, groups, st)
     if name.startswith("B"):  # B<threads per row>x<rows per CTA>[L: W after the reduction][m<N>: N CTAs/SM hint]
         m = re.fullmatch(r"B(\d+)x(\d+)(L?)(?:m(\d+))?(S?)", name)  # [S: X staged in shared memory]
         tpr, rpc = int(m[1]), int(m[2])
-        k = variants.compile_split("float16", hidden, tpr, rpc, not m[3], int(m[4] or 0), bool(m[5]))
+        k = variants.compile_split(dtype, hidden, tpr, rpc, not m[3], int(m[4] or 0), bool(m[5]))
         return lambda p, st: k(*p, tokens, st)
     if name == "S":
-        k = variants.compile_s("float16", hidden, *split)
+        k = variants.compile_s(dtype, hidden, *split)
         return lambda p, st: k(*p, tokens, st)
     raise SystemExit(f"unknown variant {name!r}")
 
@@ -76,6 +77,7 @@ def main():
     parser.add_argument("--variants", default="base,P,S,wfirst")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16", help="X and Y (W is fp32)")
     parser.add_argument("--once", metavar="NxH", help="launch every variant twice at this shape and exit (for ncu)")
     parser.add_argument("--rotate-mb", type=int, default=0,
                         help="cycle each timed call through enough X/Y pairs to touch this many MB, so no call finds "
@@ -94,15 +96,15 @@ def main():
     loaders.update({name: (lambda name=name: variants.load_cache_hint_sample(name)) for name in variants._CACHE_HINTS})
     patched = {name: loaders[name]() for name in names if name in loaders}
     shapes = [args.once] if args.once else args.shapes.split(",")
-    print(f"# {torch.cuda.get_device_name()}; variants {names}; ratio = median time / median copy_ time "
+    print(f"# {torch.cuda.get_device_name()}; {args.dtype}; variants {names}; ratio = median time / median copy_ time "
           f"(min-max over {args.rounds} rounds)", flush=True)
     for shape in shapes:
         tokens, hidden = map(int, shape.split("x"))
-        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+        x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, args.dtype))
         w = torch.rand(hidden, device="cuda") + 0.5
         y = torch.empty_like(x)
         ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS) * w.double()
-        rtol, atol = s.TOLERANCE["float16"]
+        rtol, atol = s.TOLERANCE[args.dtype]
         prep = tuple(from_dlpack(t, assumed_align=16) for t in (x, w, y))
         pairs = [(x, y)] + [(torch.randn_like(x), torch.empty_like(y))
                             for _ in range(math.ceil(args.rotate_mb * 2**20 / (2 * x.nbytes)) - 1)]
@@ -119,7 +121,7 @@ def main():
                 compiled(x, w)
                 fns[name] = lambda compiled=compiled: [compiled(a, w) for a, _ in pairs]
                 continue
-            run = build(name, hidden, tokens, patched)
+            run = build(name, hidden, tokens, patched, args.dtype)
             y.fill_(float("nan"))
             run(prep, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
             torch.cuda.synchronize()
