@@ -51,7 +51,7 @@ def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden,staged", [(2048, False), (2056, True), (2560, True), (4096, True), (5120, True),
                                            (6144, True), (6152, False), (4100, False), (8192, False), (16384, False)])
-def test_rows_of_4_to_16_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, staged):
+def test_rows_of_4_to_12_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, staged):
     """Rows over 4 KB and up to 12 KB with hidden % 8 == 0 (staged) copy X to shared memory by 16-byte
     cp.async.cg, one copy per vector, split over 256 threads; each thread waits for its own copies with no
     barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
