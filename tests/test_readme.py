@@ -6,6 +6,7 @@ the script's flags, and its test command is the one CI runs. Each check reads
 the README and the code as they are; none keeps its own copy of either.
 """
 
+import pathlib
 import re
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, SAMPLE_PATH
-
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
 README = ROOT / "README.md"
 SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py")
 CI_SCRIPT = ROOT / ".ci" / "run"
