@@ -143,6 +143,15 @@ def test_readme_test_command_is_the_one_ci_runs(readme):
     assert in_readme == in_ci, f"README runs {in_readme}, .ci/run runs {in_ci}"
 
 
+def test_every_relative_link_and_named_file_exists(readme):
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    files = re.findall(r"`((?:[\w.-]+/)*[\w-]+\.(?:py|txt|md))`", readme)
+    relative = [target for target in links + files if "://" not in target]
+    assert relative
+    missing = sorted({target for target in relative if not (ROOT / target).exists()})
+    assert not missing, f"README.md names files that do not exist: {missing}"
+
+
 # -- the checker itself, on small texts: a test that cannot fail guards nothing -------------------
 
 SOURCE = '''\
