@@ -27,6 +27,7 @@ from bench_rms_norm import EPS, EXTRA_SHAPES, TABLE_SHAPES, time_device  # noqa:
 def load(path: pathlib.Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path / "rms_norm_plugin_cutedsl.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
 
