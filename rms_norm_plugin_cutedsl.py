@@ -6,7 +6,8 @@ What you will learn
 -------------------
 * How to write a memory-bound CuteDSL kernel (``@cute.kernel``) that reads every
   byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
-  and stages mid-size rows in shared memory with ``cp.async``.
+  and stages mid-size rows in shared memory with ``cp.async``; every shape
+  decision reaches it as one frozen ``KernelPlan``, a compile-time value.
 * How to compile it ahead of the first inference call with a ``@cute.jit``
   launcher whose token count is a runtime ``Int32`` and whose stream is the one
   TensorRT hands to ``enqueue``.
@@ -176,7 +177,8 @@ class KernelPlan:
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
-    early_weight: bool    # load W before the reduction (True) or after it (very long rows)
+    early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (very
+                          # long rows, which then hold no W registers through the reduction)
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
 
     @property
@@ -337,7 +339,8 @@ def rms_norm_kernel(
         if row_ok:
             copy_vectors(t, plan, ((sX, row_in_cta), tXrX, True))
     else:
-        # Registers: X straight from DRAM, W's vectors interleaved with X's.
+        # Registers: X straight from DRAM, each W vector requested just before
+        # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
         copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
 
     # Step 2: per-thread partial sum of squares, in FP32. Adding across the
@@ -374,8 +377,9 @@ def rms_norm_kernel(
 
     # Step 5: scale in FP32, cast once, store with the same vectors that were
     # loaded, with the default cache policy (Y is usually read next by another
-    # kernel). A staged row reads X again from shared memory, one vector at a
-    # time, rather than keep its FP32 values alive through Steps 3-4.
+    # kernel). A staged row reads X again from shared memory one vector at a
+    # time instead of keeping a row of FP32 values live through Steps 3-4,
+    # which also lets ptxas issue W's loads before the cp.async wait.
     if cutlass.const_expr(not plan.early_weight):
         copy_vectors(t, plan, (mW, tWrW, True))
     if cutlass.const_expr(plan.stage_x):
