@@ -206,7 +206,8 @@ class KernelPlan:
         return staged + (4 * self.warps_per_row * self.rows_per_cta if self.warps_per_row > 1 else 0)
 
     def __str__(self) -> str:
-        """A short tag: CuteDSL names the compiled kernel after its compile-time arguments' str()."""
+        """A short tag: CuteDSL names the kernel after its compile-time arguments' str() and cuts the name at
+        180 characters, where the dataclass's long repr would push epsilon out of it."""
         weight = "early" if self.early_weight else "late"
         return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
@@ -383,7 +384,9 @@ def rms_norm_kernel(
     if cutlass.const_expr(not plan.early_weight):
         copy_vectors(t, plan, (mW, tWrW, True))
     if cutlass.const_expr(plan.stage_x):
-        normalize = lambda values, k: (values.to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type)  # noqa: E731
+        def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
+            return (values.to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type)
+
         if row_ok:
             copy_vectors(t, plan, ((sX, row_in_cta), (mY, row), True), transform=normalize)
     else:
