@@ -192,7 +192,7 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
 
 
 def test_dtype_table_names_the_same_type_in_every_library():
-    """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size; rtol is one ulp (torch's eps)."""
+    """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size; rtol is one ulp."""
     import cutlass
     import numpy as np
     import torch

@@ -51,7 +51,8 @@ def main():
                 kernel = s.compile_rms_norm(dtype, hidden, EPS)
                 args_ = (s.from_dlpack(x, assumed_align=16), s.from_dlpack(w, assumed_align=16),
                          s.from_dlpack(ys[name], assumed_align=16), tokens)
-                calls[name] = lambda k=kernel, a=args_, s=s: k(*a, s.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+                calls[name] = lambda k=kernel, a=args_, s=s: k(
+                    *a, s.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
                 calls[name]()
             torch.cuda.synchronize()
             assert torch.equal(ys["base"], ys["new"]), f"outputs differ at {dtype} {tokens}x{hidden}"

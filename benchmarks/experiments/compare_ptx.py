@@ -53,10 +53,12 @@ def main():
         texts = {name: re.sub(r"\w*rms_norm_kernel\w*", "KERNEL", p) for name, p in ptx.items()}
         same = texts["base"] == texts["new"]
         if same and args.sass:
-            sass = {name: re.sub(r"\w*rms_norm_kernel\w*", "KERNEL", sass_of(p, arch, nvdisasm)) for name, p in ptx.items()}
+            sass = {name: re.sub(r"\w*rms_norm_kernel\w*", "KERNEL", sass_of(p, arch, nvdisasm))
+                    for name, p in ptx.items()}
             same = sass["base"] == sass["new"]
         differ += not same
-        print(f"{arch} {dtype:8s} hidden {hidden:5d} epsilon {epsilon:g}: {'same' if same else 'DIFFERENT'}", flush=True)
+        verdict = "same" if same else "DIFFERENT"
+        print(f"{arch} {dtype:8s} hidden {hidden:5d} epsilon {epsilon:g}: {verdict}", flush=True)
     print(f"{len(cases) - differ} of {len(cases)} identical" + (" (PTX and SASS)" if args.sass else " (PTX)"))
     sys.exit(1 if differ else 0)
 
