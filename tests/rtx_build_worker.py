@@ -68,11 +68,11 @@ DEFAULTS = dict(
 
 
 def load_sample_with_rtx():
-    """Import the sample with tensorrt_rtx standing in as `tensorrt` (as conftest.load_sample does)."""
+    """Import the sample with tensorrt_rtx standing in as `tensorrt` (support.sample_loader.load_sample)."""
     import tensorrt_rtx
 
-    sys.path.insert(0, str(TESTS_DIR))
-    from conftest import load_sample
+    sys.path.insert(0, str(TESTS_DIR.parent))
+    from support.sample_loader import load_sample
 
     sys.modules["tensorrt"] = tensorrt_rtx  # for this whole process: the sample and this worker agree
     return tensorrt_rtx, load_sample(tensorrt_rtx, "rms_norm_plugin_cutedsl")

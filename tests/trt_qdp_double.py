@@ -9,7 +9,8 @@ NVIDIA/TensorRT ``python/src/infer/pyPlugin.cpp`` (PluginField, DimsExprs,
 IDimensionExpr, IExprBuilder, PluginTensorDesc, DynamicPluginTensorDesc,
 ISymExpr, ISymExprs, KernelLaunchParams, the enums), ``pyTensorRT.cpp``
 (PluginFieldCollection: ``py::bind_vector<std::vector<PluginField>>``) and
-``pyFoundationalTypes.cpp`` (Dims, DataType). Everything else the tests call
+``pyFoundationalTypes.cpp`` (Dims, DataType); the enums and plugin fields are
+those of support/trt_standin.py, which mirror the same sources. Everything else the tests call
 (``tensorrt.plugin`` itself, the sample's functions) is the real code.
 
 One addition has no counterpart in TensorRT: ``SymbolicDim`` stands for a
@@ -21,56 +22,12 @@ symbolic grid size will be at run time.
 import enum
 import operator
 import types
-import weakref
 
 import numpy as np
 
-
-class DataType(enum.IntEnum):  # nvinfer1::DataType, same values
-    FLOAT = 0
-    HALF = 1
-    INT8 = 2
-    INT32 = 3
-    BOOL = 4
-    UINT8 = 5
-    FP8 = 6
-    BF16 = 7
-    INT64 = 8
-    INT4 = 9
-
-
-class TensorFormat(enum.IntEnum):
-    LINEAR = 0
-    CHW2 = 1
-    HWC8 = 2
-    CHW4 = 3
-
-
-class PluginFieldType(enum.IntEnum):  # nvinfer1::PluginFieldType, same values
-    FLOAT16 = 0
-    FLOAT32 = 1
-    FLOAT64 = 2
-    INT8 = 3
-    INT16 = 4
-    INT32 = 5
-    CHAR = 6
-    DIMS = 7
-    UNKNOWN = 8
-    BF16 = 9
-    INT64 = 10
-
-
-# pyPlugin.cpp's PluginField.data getter: a NEW array copied from the field's pointer, shape (length,).
-_FIELD_DTYPES = {
-    PluginFieldType.FLOAT32: np.float32, PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8,
-    PluginFieldType.INT16: np.int16, PluginFieldType.INT32: np.int32, PluginFieldType.INT64: np.int64,
-    PluginFieldType.CHAR: np.int8, PluginFieldType.UNKNOWN: np.int8,
-}
-
-
-class TensorRTPhase(enum.IntEnum):
-    BUILD = 0
-    RUNTIME = 1
+# Enums and plugin fields are the GPU stand-in's, which mirror the same bindings.
+from support.trt_standin import (  # noqa: F401
+    DataType, PluginField, PluginFieldCollection, PluginFieldType, TensorFormat, TensorRTPhase)
 
 
 class DimensionOperation(enum.IntEnum):
@@ -141,53 +98,6 @@ class PluginTensorDesc:
 class DynamicPluginTensorDesc:
     def __init__(self):
         self.desc, self.min, self.opt, self.max = PluginTensorDesc(), Dims(), Dims(), Dims()
-
-
-class PluginField:
-    """Holds (name, pointer, type, length); like the binding, the field object keeps its array alive
-    (py::keep_alive<1, 3>) and ``data`` returns a new array copied from the pointer."""
-
-    def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
-        self.name, self.type = name, PluginFieldType(type)
-        buffer = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else np.asarray(data)
-        self._array = buffer  # the keep-alive
-        self.size = int(buffer.size)
-
-    @property
-    def data(self):
-        return np.array(self._array, dtype=_FIELD_DTYPES[self.type]).reshape(self.size)
-
-
-class _FieldCopy:
-    """What a PluginFieldCollection holds: a copy of the C struct, i.e. a pointer that keeps nothing alive.
-
-    Reading it after the array was freed is what real TensorRT does (it reads freed memory); this
-    double raises instead, so a test sees the dangling buffer every time."""
-
-    def __init__(self, field: PluginField):
-        self.name, self.type, self.size = field.name, field.type, field.size
-        owner = field._array
-        while isinstance(owner.base, np.ndarray):
-            owner = owner.base
-        self._owner = weakref.ref(owner)
-        self._view = weakref.ref(field._array) if field._array is not owner else None
-        self._offset = field._array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-        self._nbytes = field._array.nbytes
-
-    @property
-    def data(self):
-        owner = self._owner()
-        if owner is None:
-            raise RuntimeError(f"plugin field '{self.name}' points at a numpy array that has been freed")
-        raw = owner.reshape(-1).view(np.uint8)[self._offset:self._offset + self._nbytes]
-        return np.array(raw.view(_FIELD_DTYPES[self.type]))
-
-
-class PluginFieldCollection(list):
-    """A vector of PluginField structs: constructing it copies the structs, not the arrays."""
-
-    def __init__(self, fields=()):
-        super().__init__(_FieldCopy(f) if isinstance(f, PluginField) else f for f in fields)
 
 
 class ITensor:
