@@ -192,7 +192,7 @@ def check_aot_support():
         import tensorrt.plugin as trtp
     except ImportError:
         trtp = None
-    if not hasattr(trtp, "aot_impl"):  # tensorrt.plugin arrived in 10.7, its AOT half in 10.9
+    if not hasattr(trtp, "aot_impl"):  # tensorrt.plugin arrived in 10.6, its AOT half in 10.9
         raise UsageError(f"TensorRT {trt.__version__} has no ahead-of-time plugins (tensorrt.plugin.aot_impl); "
                          "the AOT flavor needs TensorRT 10.9 or newer")
 
