@@ -21,6 +21,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 import numpy as np
@@ -48,8 +49,14 @@ VERSIONS = [PINNED, "11.1.0.106", "10.9.0.34"]
 
 @pytest.fixture(scope="session")
 def bindings_wheels(pytestconfig):
-    """version -> the tensorrt/plugin directory of that tensorrt-cu12-bindings wheel, downloaded once."""
-    cache = pathlib.Path(pytestconfig.cache.mkdir("tensorrt-bindings-wheels"))
+    """version -> the tensorrt/plugin directory of that tensorrt-cu12-bindings wheel, downloaded once.
+
+    Only the wheel's Python files are used, so the wheel for Python 3.11 on Linux x86_64 serves any machine.
+    """
+    if getattr(pytestconfig, "cache", None) is not None:
+        cache = pathlib.Path(pytestconfig.cache.mkdir("tensorrt-bindings-wheels"))
+    else:  # -p no:cacheprovider
+        cache = pathlib.Path(tempfile.gettempdir()) / "rms-norm-tensorrt-bindings-wheels"
     found = {}
 
     def plugin_dir(version):
