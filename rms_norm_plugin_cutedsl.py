@@ -755,13 +755,18 @@ def _mark_y(network, layer):
 
 
 def define_plugin_network(network, hidden: int, dtype: str, epsilon: float):
-    """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would."""
+    """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would.
+
+    Returns the plugin, which the caller keeps until the build is done: TensorRT
+    clones it, but holding the original costs nothing and depends on no such detail.
+    """
     creator = register_creator()
     eps_field = np.array([epsilon], dtype=np.float32)  # alive until create_plugin has copied it
     fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
     plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
     x, w = _add_io(network, hidden, dtype)
     _mark_y(network, network.add_plugin_v3([x, w], [], plugin))
+    return plugin
 
 
 def define_builtin_network(network, hidden: int, dtype: str, epsilon: float):
@@ -817,7 +822,7 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
     """Build an engine: source "plugin" (network API), "onnx" (ONNX parser) or "builtin" (TensorRT layers)."""
     from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network, network_from_onnx_bytes
 
-    keep_alive = None  # buffers TensorRT reads during the build but does not own; freed on return
+    keep_alive = None  # what TensorRT uses during the build but does not own (plugin, constant); freed on return
     if source == "onnx":
         register_creator()  # the parser looks the op up in the registry
         network = network_from_onnx_bytes(make_onnx_model(hidden, dtype, epsilon), strongly_typed=True)
@@ -889,22 +894,35 @@ def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dt
     return ok, float(np.max(err, initial=0.0))
 
 
-def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
-    """Run each token count through one execution context and compare with NumPy."""
-    from polygraphy.backend.trt import TrtRunner
+def bind_io(context, x, w, y):
+    """Set X's shape in `context` and point X, W and Y at these torch CUDA tensors (no copies)."""
+    context.set_input_shape("X", tuple(x.shape))
+    for name, tensor in (("X", x), ("W", w), ("Y", y)):
+        context.set_tensor_address(name, tensor.data_ptr())
 
+
+def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
+    """Run each token count through one execution context and compare with NumPy.
+
+    The context runs on torch's buffers and a torch stream, as in time_engine, so
+    no CUDA runtime library has to be found: Polygraphy's TrtRunner looks for
+    libcudart in places where a pip-installed CUDA 13 does not put it.
+    """
+    context = engine.create_execution_context()
+    stream = torch.cuda.Stream()
     all_ok = True
-    with TrtRunner(engine) as runner:
-        for i, n in enumerate(token_counts):
-            x, w = make_inputs(n, hidden, dtype, seed + i)
-            feed = {"X": x.cuda(), "W": w.cuda()}
-            # TrtRunner enqueues on its own stream, not torch's: finish the uploads first.
-            torch.cuda.synchronize()
-            y = runner.infer(feed, copy_outputs_to_host=True)["Y"]
-            y = y.float().cpu().numpy() if torch.is_tensor(y) else np.asarray(y, dtype=np.float32)
-            ok, err = check_output(y, x.float().numpy(), w.numpy(), epsilon, dtype)
-            print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
-            all_ok &= ok
+    for i, n in enumerate(token_counts):
+        x, w = make_inputs(n, hidden, dtype, seed + i)
+        xd, wd = x.cuda(), w.cuda()
+        yd = torch.full_like(xd, float("nan"))  # an element the engine leaves unwritten fails the check
+        bind_io(context, xd, wd, yd)
+        torch.cuda.synchronize()  # the uploads ran on torch's stream, TensorRT reads on `stream`
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError(f"TensorRT could not run the engine at {n} tokens; its log above says why")
+        stream.synchronize()
+        ok, err = check_output(yd.float().cpu().numpy(), x.float().numpy(), w.numpy(), epsilon, dtype)
+        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
+        all_ok &= ok
     return all_ok
 
 
@@ -920,10 +938,9 @@ def time_engine(engine, tokens: int, hidden: int, dtype: str, iterations: int = 
     """Microseconds per execute_async_v3 call at `tokens`, after warm-up."""
     context = engine.create_execution_context()
     x, w = make_inputs(tokens, hidden, dtype, seed=0)
-    buffers = {"X": x.cuda(), "W": w.cuda(), "Y": torch.empty_like(x, device="cuda")}
-    context.set_input_shape("X", (tokens, hidden))
-    for name, tensor in buffers.items():
-        context.set_tensor_address(name, tensor.data_ptr())
+    x, w = x.cuda(), w.cuda()
+    y = torch.empty_like(x)
+    bind_io(context, x, w, y)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     for _ in range(20):
