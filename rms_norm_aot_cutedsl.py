@@ -121,7 +121,7 @@ def register_aot_op(arch: str):
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+    names = {getattr(trt.DataType, sample.DTYPES[n].trt): n for n in sample.ACTIVATION_DTYPES}
 
     @trtp.register(OP_NAME)
     def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32]) -> trtp.TensorDesc:
@@ -164,16 +164,14 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
-    import torch
     from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
 
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    arch = sample.gpu_arch()
     if arch not in AOT_PTX_ISA:  # refuse before TensorRT calls aot_impl, where an error is only a log line
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
-    x = network.add_input("X", {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype], (-1, hidden))
+    x = network.add_input("X", getattr(trt.DataType, sample.DTYPES[dtype].trt), (-1, hidden))
     w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
     op = trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
