@@ -96,6 +96,15 @@ def aot_launch_dims(plan, num_tokens):
 # (only the PTX is), and AOT extra arguments are symbolic int32 values, so
 # epsilon cannot be a kernel argument: it is baked into the PTX, which is
 # exactly what the sample's kernel does anyway (see compile_rms_norm).
+#
+# epsilon is a one-element float32 array, not a Python float: tensorrt.plugin
+# 10.9-11.1 turns a float attribute back with float(array), which NumPy 2.4
+# refuses (fixed in 11.2); arrays take another path that works on every
+# version, and float32 is what the kernel uses anyway.
+#
+# TensorRT passes *every* registered attribute to aot_impl, positionally and
+# in registration order, so the attributes after the tensors must be the same
+# list, in the same order, in all three functions below.
 
 _REGISTERED = False
 
@@ -107,30 +116,34 @@ def register_aot_op(arch: str):
         return
     from typing import List, Tuple, Union
 
+    import numpy as np
+    import numpy.typing as npt
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+    names = {getattr(trt.DataType, sample.DTYPES[n].trt): n for n in sample.ACTIVATION_DTYPES}
 
     @trtp.register(OP_NAME)
-    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float) -> trtp.TensorDesc:
+    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32]) -> trtp.TensorDesc:
         """Y has X's shape and dtype."""
         return x.like()
 
     @trtp.autotune(OP_NAME)
-    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float,
+    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
                          outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
         """X and Y fp16 or bf16 (tied by '|'), W fp32, all linear: what the kernel handles."""
         return [trtp.AutoTuneCombination("FP16|BF16, FP32, FP16|BF16", "LINEAR")]
 
     @trtp.aot_impl(OP_NAME)
-    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: float, outputs: Tuple[trtp.TensorDesc],
-                     tactic: int) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
+                     outputs: Tuple[trtp.TensorDesc], tactic: int
+                     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
         """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
         hidden_expr = x.shape_expr[1]
         if not hidden_expr.is_constant:
             raise ValueError(f"{OP_NAME}: the hidden dimension must be static (it is compiled into the kernel)")
-        name, ptx, plan = aot_kernel(names[x.dtype], int(hidden_expr.constant_value), epsilon, arch)
+        # is_constant is a property but constant_value() a method (tensorrt.plugin's ShapeExpr).
+        name, ptx, plan = aot_kernel(names[x.dtype], hidden_expr.constant_value(), float(epsilon[0]), arch)
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
@@ -148,25 +161,38 @@ def register_aot_op(arch: str):
 
 def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float):
     """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself."""
+    import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
-    import torch
     from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
 
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    arch = sample.gpu_arch()
     if arch not in AOT_PTX_ISA:  # refuse before TensorRT calls aot_impl, where an error is only a log line
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
-    x = network.add_input("X", {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype], (-1, hidden))
+    x = network.add_input("X", getattr(trt.DataType, sample.DTYPES[dtype].trt), (-1, hidden))
     w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
     op = trtp.op.rms_norm_cutedsl.rms_norm
-    y = network.add_plugin(op(x, w, epsilon=float(epsilon)), aot=True).get_output(0)
+    eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
+    y = network.add_plugin(op(x, w, epsilon=eps), aot=True).get_output(0)
     y.name = "Y"
     network.mark_output(y)
     profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
     return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+
+
+def check_aot_support():
+    """Raise UsageError unless this TensorRT can build AOT plugins (tensorrt.plugin.aot_impl, TensorRT 10.9+)."""
+    import tensorrt as trt
+
+    try:
+        import tensorrt.plugin as trtp
+    except ImportError:
+        trtp = None
+    if not hasattr(trtp, "aot_impl"):  # tensorrt.plugin arrived in 10.6, its AOT half in 10.9
+        raise UsageError(f"TensorRT {trt.__version__} has no ahead-of-time plugins (tensorrt.plugin.aot_impl); "
+                         "the AOT flavor needs TensorRT 10.9 or newer")
 
 
 def load_aot_engine(path: str):
@@ -191,10 +217,7 @@ def main(argv=None) -> int:
     args = sample.validate_args(parser, parser.parse_args(argv))
     try:
         sample.check_environment()
-        try:
-            import tensorrt.plugin  # noqa: F401
-        except ImportError:
-            raise UsageError("this TensorRT has no tensorrt.plugin module; the AOT flavor needs TensorRT 10.9 or newer") from None
+        check_aot_support()
         if args.engine and os.path.exists(args.engine):
             engine = load_aot_engine(args.engine)
             print(f"Loaded engine from {args.engine}")

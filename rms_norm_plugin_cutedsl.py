@@ -6,7 +6,8 @@ What you will learn
 -------------------
 * How to write a memory-bound CuteDSL kernel (``@cute.kernel``) that reads every
   byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
-  and stages mid-size rows in shared memory with ``cp.async``.
+  and stages mid-size rows in shared memory with ``cp.async``; every shape
+  decision reaches it as one frozen ``KernelPlan``, a compile-time value.
 * How to compile it ahead of the first inference call with a ``@cute.jit``
   launcher whose token count is a runtime ``Int32`` and whose stream is the one
   TensorRT hands to ``enqueue``.
@@ -49,6 +50,27 @@ EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
 DEFAULT_EPSILON = 1e-5
 
 
+@dataclass(frozen=True)
+class DTypeNames:
+    """One dtype as each library names it (strings, resolved with getattr where used), its size and check tolerance."""
+
+    trt: str             # tensorrt.DataType member
+    torch: str           # torch dtype attribute
+    cute: str            # cutlass numeric type
+    cupy: str            # numpy/cupy dtype that carries the bytes (cupy has no bfloat16; the bits are never read)
+    bytes: int
+    rtol: float | None   # check_output's tolerance relative to |ref|: one ulp of the output (see [7])
+
+
+# X and Y are fp16 or bf16 (ACTIVATION_DTYPES); the weight W is always float32.
+DTYPES = {
+    "float16": DTypeNames(trt="HALF", torch="float16", cute="Float16", cupy="float16", bytes=2, rtol=2.0 ** -10),
+    "bfloat16": DTypeNames(trt="BF16", torch="bfloat16", cute="BFloat16", cupy="int16", bytes=2, rtol=2.0 ** -7),
+    "float32": DTypeNames(trt="FLOAT", torch="float32", cute="Float32", cupy="float32", bytes=4, rtol=None),
+}
+ACTIVATION_DTYPES = ("float16", "bfloat16")
+
+
 class UsageError(Exception):
     """A problem the user can fix; main() prints it as one sentence and exits 2."""
 
@@ -85,19 +107,19 @@ except ImportError:
 
 # %% [1] NumPy reference ------------------------------------------------------
 #
-#   y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w
+#   y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + epsilon) * w
 #
 # computed in float64 from the same low-precision inputs the kernel reads, so
 # the only differences left are the kernel's FP32 arithmetic and its final
 # rounding to fp16/bf16.
 
 
-def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarray:
     """RMSNorm over the last axis, in float64."""
     x64 = np.asarray(x, dtype=np.float64)
     w64 = np.asarray(w, dtype=np.float64)
     mean_sq = np.mean(x64 * x64, axis=-1, keepdims=True)
-    return x64 / np.sqrt(mean_sq + eps) * w64
+    return x64 / np.sqrt(mean_sq + epsilon) * w64
 
 
 # %% [2] The CuteDSL kernel -----------------------------------------------------
@@ -108,39 +130,46 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 #     (2*N*H*2 + H*4) / seconds.
 # The floor is a device-to-device copy of X into Y, so the kernel must read
 # each X element from DRAM exactly once: a whole row stays on chip between
-# the reduction and the store, in registers (rows up to 4 KB or over 12 KB)
-# or in shared memory (rows of 4-12 KB; see plan_kernel).
+# the reduction and the store, in registers or staged in shared memory.
 #
 # Work split. A row of H elements is cut into 16-byte vectors (8 fp16/bf16
 # values; fewer when H is not a multiple of 8). T = threads_per_row threads
 # share a row and thread t owns vectors t, t+T, t+2T, ... so neighbouring
 # threads touch neighbouring 16-byte chunks (coalesced). Short rows share a
-# CTA (rows_per_cta rows side by side); plan_kernel() picks T and says why.
+# CTA (rows_per_cta rows side by side). plan_kernel() picks the numbers.
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
-#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X, W (4-12 KB rows: X via smem)
+#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X (registers or smem), W
 #                 \    \        /     /    /       /
 #                  partial sum of x^2 per thread (FP32)      <- Step 2
 #                  \___ warp butterfly shuffle ___/          <- Step 3a
 #                   [warp 0][warp 1]...  shared memory       <- Step 3b (T > 32 only)
 #                          row total in every thread         <- Step 3c
-#                  rstd = rsqrt(total / H + eps)             <- Step 4
+#                  rstd = rsqrt(total / H + epsilon)         <- Step 4
 #                  y = x * rstd * w, cast, 16-byte stores    <- Step 5
 
-VECTOR_BYTES = 16          # widest global load/store per thread (ld.global.v4.b32, cp.async.cg)
-SHORT_ROW_BYTES = 4096     # rows up to this size are latency-bound, longer ones bandwidth-bound
-EARLY_WEIGHT_ROW_BYTES = 16384  # up to this row size W is loaded before the reduction; longer rows after it
-STAGED_ROW_BYTES = 12288   # rows over SHORT_ROW_BYTES and up to this size stage X in shared memory
-STAGED_THREADS_PER_ROW = 256  # a staged row is split over 8 warps: 2-3 vectors per thread
-MIN_CTA_THREADS = 128      # short rows are packed until a CTA has this many threads
-MAX_THREADS_PER_ROW = 1024  # one CTA per row at most
-MAX_HIDDEN = 32768         # 1024 threads x 4 vectors x 8 elements: the whole row fits in registers
+# Facts of the hardware and of the data.
+VECTOR_BYTES = 16          # widest global access per thread (ld.global.v4.b32); cp.async.cg copies exactly this
+WARP_THREADS = 32
+MAX_CTA_THREADS = 1024     # CUDA's limit; a row never spans two CTAs
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
+
+# Tuned thresholds: chosen by timing every shape of benchmarks/bench_rms_norm.py,
+# the measurements and the alternatives tried are in benchmarks/NOTES.md.
+SHORT_ROW_BYTES = 4096          # tuned: rows up to this size are latency-bound: 2 vectors per thread
+LONG_ROW_VECS_PER_THREAD = 4    # tuned: longer rows held in registers get 4 vectors per thread
+STAGED_ROW_BYTES = 12288        # tuned: longer rows up to this size stage X in shared memory
+STAGED_THREADS_PER_ROW = 256    # tuned: a staged row is split over 8 warps
+EARLY_WEIGHT_ROW_BYTES = 16384  # tuned: up to this size W is loaded before the reduction, longer rows after it
+MIN_CTA_THREADS = 128           # tuned: short rows are packed until a CTA has this many threads
+
+# The whole row in registers: 1024 threads x 4 vectors x 8 fp16/bf16 elements.
+MAX_HIDDEN = MAX_CTA_THREADS * LONG_ROW_VECS_PER_THREAD * VECTOR_BYTES // 2
 
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """How one hidden size maps onto threads; every field is a compile-time constant."""
+    """How one hidden size maps onto threads; the kernel receives it whole, as one compile-time value."""
 
     hidden: int
     elem_bytes: int       # bytes per X/Y element (2: fp16 or bf16)
@@ -148,8 +177,22 @@ class KernelPlan:
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
-    early_weight: bool    # load W before the reduction, or after it (very long rows)
-    stage_x: bool         # X goes to shared memory by cp.async (rows of 4-12 KB), or straight to registers
+    early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (very
+                          # long rows, which then hold no W registers through the reduction)
+    stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
+
+    @property
+    def num_vecs(self) -> int:
+        return self.hidden // self.vec
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the last column of vectors is only partly owned, so each vector needs a bounds check."""
+        return self.num_vecs % self.threads_per_row != 0
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.threads_per_row // WARP_THREADS)
 
     @property
     def cta_threads(self) -> int:
@@ -160,57 +203,90 @@ class KernelPlan:
         """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
         rows (if any), then one FP32 sum per warp of each row (if a row spans warps)."""
         staged = self.rows_per_cta * self.hidden * self.elem_bytes if self.stage_x else 0
-        warps = self.threads_per_row // 32
-        return staged + (4 * warps * self.rows_per_cta if warps > 1 else 0)
+        return staged + (4 * self.warps_per_row * self.rows_per_cta if self.warps_per_row > 1 else 0)
+
+    def __str__(self) -> str:
+        """A short tag: CuteDSL names the kernel after its compile-time arguments' str() and cuts the name at
+        180 characters, where the dataclass's long repr would push epsilon out of it."""
+        weight = "early" if self.early_weight else "late"
+        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}"
+                f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
+
+    def owns(self, j):
+        """Whether vector j, which some thread of the row holds, is in the row (always, unless ragged)."""
+        return not self.ragged or j < self.num_vecs
+
+    def describe(self) -> str:
+        """One line for a reader: which way the kernel holds a row, and how the row is split."""
+        where = "X staged in shared memory" if self.stage_x else "X in registers"
+        rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
+        return (f"kernel: vector {self.vec} x {self.elem_bytes * 8}-bit, {self.threads_per_row} threads/row "
+                f"x {self.vecs_per_thread} vectors, {rows}, {where}")
 
 
 def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
-    Short rows (up to 4 KB) are latency-bound: X goes straight to registers
-    and 2 vectors per thread keep each thread's chain of loads short.
-
-    Rows of 4-12 KB (2048 < H <= 6144 in fp16/bf16, H a multiple of 8) are
-    bandwidth-bound and staged: X goes to shared memory by cp.async, which
-    ties up no register while its bytes come from DRAM, and each thread reads
-    its own vectors back, all at once for the sum and one at a time for the
-    store. Held in registers, a 4 KB row costs 78 registers per thread and
-    only 6 CTAs of 128 threads fit on an SM; staged, 40 and 6 CTAs of 256.
-    A staged row gets 256 threads (2-3 vectors each). Measured on the H200,
-    in units of a copy's time: hidden 4096 from 1.06 to 1.00 at 4096 tokens
-    and from 1.03 to 1.01 at 16384, hidden 2560 and 5120 from 1.15-1.24 to
-    1.02-1.07, for 0.13-0.18 us more at 1-128 tokens (benchmarks/NOTES.md).
-    Staged 16 KB rows (hidden 8192) ran up to 2% slower from 8192 tokens on,
-    so longer rows keep X in registers with 4 vectors per thread, as do rows
-    whose H is not a multiple of 8 (cp.async.cg copies exactly 16 bytes).
-
-    W is requested before the cross-thread reduction, so its latency (a cache
-    hit: every row reads the same W) hides behind X's and the shuffles; where
-    ptxas issues those loads varies with the row (sm_90a SASS, see NOTES).
-    With X in registers, putting W's loads before X's in the source made all
-    of them go out at once but ran 4-14% slower from 4096 x 4096 up and 3-4%
-    slower at 1-512 x 1024. Rows over 16 KB fetch W only after the reduction:
-    holding it through the reduction would cost so many registers that fewer
-    CTAs fit on an SM (measured on the H200: hidden 16384 ran 25% faster that
-    way, hidden 4096 with X in registers 3% slower).
+    Short rows are latency-bound and keep X in registers. Mid-size rows are
+    bandwidth-bound and stage X in shared memory: cp.async holds no register
+    while the bytes arrive, so more rows fit on an SM. Long rows, and rows
+    whose H is not a multiple of the 16-byte vector (cp.async.cg copies exactly
+    16 bytes), hold X in registers again. The thresholds are the tuned
+    constants above.
     """
     if not 1 <= hidden <= MAX_HIDDEN:
-        raise ValueError(f"hidden_dim must be in [1, {MAX_HIDDEN}], got {hidden}")
+        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
     vec = VECTOR_BYTES // elem_bytes
     while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
         vec //= 2
     num_vecs = hidden // vec
     row_bytes = hidden * elem_bytes
     short = row_bytes <= SHORT_ROW_BYTES
-    early_weight = row_bytes <= EARLY_WEIGHT_ROW_BYTES
     stage_x = not short and row_bytes <= STAGED_ROW_BYTES and vec * elem_bytes == VECTOR_BYTES
     if stage_x:
         threads = STAGED_THREADS_PER_ROW
     else:
-        per_thread = 2 if short else 4
-        threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_THREADS_PER_ROW)
+        per_thread = 2 if short else LONG_ROW_VECS_PER_THREAD
+        threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_CTA_THREADS)
     rows = max(1, MIN_CTA_THREADS // threads)
-    return KernelPlan(hidden, elem_bytes, vec, threads, rows, math.ceil(num_vecs / threads), early_weight, stage_x)
+    return KernelPlan(hidden, elem_bytes, vec, threads, rows, math.ceil(num_vecs / threads),
+                      early_weight=row_bytes <= EARLY_WEIGHT_ROW_BYTES, stage_x=stage_x)
+
+
+def vector_of(view, k: int, j):
+    """Vector k of a thread's register tensor, vector j of W, or vector j of row r of X, Y or sX given as (tensor, r).
+
+    Rows are sliced here, at the access, so the address arithmetic sits where the access is.
+    """
+    if isinstance(view, tuple):
+        tensor, r = view
+        return tensor[r, None, j]
+    return view[None, k] if view.memspace == cute.AddressSpace.rmem else view[None, j]
+
+
+@cute.jit
+def copy_vectors(t: Int32, plan: cutlass.Constexpr, *copies, atom=None, transform=None):
+    """For each vector thread t owns and each (src, dst, when) in copies: copy src's vector to dst's if when.
+
+    Thread t owns vector j = t + k * threads_per_row of its row, for k = 0, 1, ...
+    (see vector_of). Several copies interleave, vector k of each in turn. With
+    ``transform``, each vector passes through registers as transform(values, k).
+    """
+    for k in cutlass.range_constexpr(plan.vecs_per_thread):
+        j = t + k * plan.threads_per_row
+        if plan.owns(j):
+            for src, dst, when in copies:
+                if when:
+                    if cutlass.const_expr(transform is not None):
+                        values = cute.make_rmem_tensor((plan.vec,), src[0].element_type)
+                        cute.autovec_copy(vector_of(src, k, j), values)
+                        result = cute.make_rmem_tensor((plan.vec,), dst[0].element_type)
+                        result.store(transform(values.load(), k))
+                        cute.autovec_copy(result, vector_of(dst, k, j))
+                    elif cutlass.const_expr(atom is not None):
+                        cute.copy(atom, vector_of(src, k, j), vector_of(dst, k, j))
+                    else:
+                        cute.autovec_copy(vector_of(src, k, j), vector_of(dst, k, j))
 
 
 @cute.kernel
@@ -219,14 +295,8 @@ def rms_norm_kernel(
     w_ptr: cute.Pointer,  # W [hidden], fp32
     num_tokens: Int32,
     y_ptr: cute.Pointer,  # Y, like X
-    hidden: cutlass.Constexpr,
-    eps: cutlass.Constexpr,
-    vec: cutlass.Constexpr,
-    threads_per_row: cutlass.Constexpr,
-    rows_per_cta: cutlass.Constexpr,
-    vecs_per_thread: cutlass.Constexpr,
-    early_weight: cutlass.Constexpr,
-    stage_x: cutlass.Constexpr,
+    plan: cutlass.Constexpr,
+    epsilon: cutlass.Constexpr,
 ):
     # The parameters are (X, W, num_tokens, Y): raw pointers and one int32, in
     # the order TensorRT's ahead-of-time plugin launcher passes them (inputs,
@@ -234,137 +304,105 @@ def rms_norm_kernel(
     # The tensors are described here: a static row stride and a (vec, num_vecs)
     # split of each row let the compiler prove that every vector access is
     # 16-byte aligned, so it emits 128-bit loads and stores.
-    num_vecs = hidden // vec
-    rows = cute.make_layout((num_tokens, (vec, num_vecs)), stride=(hidden, (1, vec)))
+    vec, hidden = plan.vec, plan.hidden
+    rows = cute.make_layout((num_tokens, vec, plan.num_vecs), stride=(hidden, 1, vec))
     mX = cute.make_tensor(x_ptr, rows)
     mY = cute.make_tensor(y_ptr, rows)
-    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, num_vecs), stride=(1, vec)))
+    mW = cute.make_tensor(w_ptr, cute.make_layout((vec, plan.num_vecs), stride=(1, vec)))
 
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
-    row_in_cta = tidx // threads_per_row
-    t = tidx % threads_per_row
-    row = bidx * rows_per_cta + row_in_cta
-    row_ok = row < num_tokens
-    # Whether the last column of vectors is only partly owned (needs a predicate).
-    ragged = num_vecs % threads_per_row != 0
+    row_in_cta, t = tidx // plan.threads_per_row, tidx % plan.threads_per_row
+    row = bidx * plan.rows_per_cta + row_in_cta
+    row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
     smem = cutlass.memory.SmemAllocator()
 
-    # Step 1: each thread loads its vectors of X (and, unless rows are very long, of W)
-    # into registers. Out-of-range slots stay zero: they add nothing to the sum.
-    # A staged row (stage_x) goes to shared memory first, by cp.async.cg (16 bytes
-    # per copy, cached in L2 only), while W is loaded; each thread then waits for
-    # its own copies only and reads them back, so no barrier is needed, and no
-    # register is tied up while X's bytes come from DRAM.
-    tXrX = cute.make_rmem_tensor((vec, vecs_per_thread), mX.element_type)
-    tWrW = cute.make_rmem_tensor((vec, vecs_per_thread), Float32)
+    # Step 1: each thread loads its vectors of X (and, unless rows are very long,
+    # of W) into registers. Unowned slots stay zero: they add nothing to the sum.
+    tXrX = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mX.element_type)
+    tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), Float32)
     tXrX.fill(0.0)
     tWrW.fill(0.0)
-    if cutlass.const_expr(stage_x):
-        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((rows_per_cta, (vec, num_vecs)),
-                                                                    stride=(hidden, (1, vec))), 16)
+    early_w = ((mW, tWrW, True),) if cutlass.const_expr(plan.early_weight) else ()
+    if cutlass.const_expr(plan.stage_x):
+        # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
+        # only) while W is loaded; no register waits for X's bytes from DRAM.
+        # Each thread waits for its own copies only, so no barrier is needed.
+        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.rows_per_cta, vec, plan.num_vecs),
+                                                                    stride=(hidden, 1, vec)), 16)
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
                                   num_bits_per_copy=VECTOR_BYTES * 8)
         if row_ok:
-            for k in cutlass.range_constexpr(vecs_per_thread):
-                j = t + k * threads_per_row
-                if not ragged or j < num_vecs:
-                    cute.copy(g2s, mX[row, (None, j)], sX[row_in_cta, (None, j)])
+            copy_vectors(t, plan, ((mX, row), (sX, row_in_cta), True), atom=g2s)
         cute.arch.cp_async_commit_group()
-    for k in cutlass.range_constexpr(vecs_per_thread):
-        j = t + k * threads_per_row
-        if not ragged or j < num_vecs:
-            if cutlass.const_expr(early_weight):
-                cute.autovec_copy(mW[None, j], tWrW[None, k])
-            if cutlass.const_expr(not stage_x):
-                if row_ok:
-                    cute.autovec_copy(mX[row, (None, j)], tXrX[None, k])
-    if cutlass.const_expr(stage_x):
+        copy_vectors(t, plan, *early_w)
         cute.arch.cp_async_wait_group(0)
         if row_ok:
-            for k in cutlass.range_constexpr(vecs_per_thread):
-                j = t + k * threads_per_row
-                if not ragged or j < num_vecs:
-                    cute.autovec_copy(sX[row_in_cta, (None, j)], tXrX[None, k])
+            copy_vectors(t, plan, ((sX, row_in_cta), tXrX, True))
+    else:
+        # Registers: X straight from DRAM, each W vector requested just before
+        # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
+        copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
 
     # Step 2: per-thread partial sum of squares, in FP32. Adding across the
     # thread's vectors first (vec independent running sums), then within one
     # vector, keeps the chain of dependent adds vecs_per_thread + vec long
-    # instead of vecs_per_thread * vec (12 instead of 32 at hidden 8192): every
-    # row waits for this chain before its shuffles (up to 7% faster on the H200).
+    # instead of their product: every row waits for this chain before its shuffles.
     x = tXrX.load().to(Float32)
     lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
     partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
     # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(threads_per_row, 32))
-    if cutlass.const_expr(threads_per_row > 32):
+    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
+    if cutlass.const_expr(plan.warps_per_row > 1):
         # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
-        warps_per_row = threads_per_row // 32
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((warps_per_row, rows_per_cta)), 16)
-        warp_in_row = t // 32
-        if t % 32 == 0:
-            sSum[warp_in_row, row_in_cta] = total
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta)), 16)
+        if t % WARP_THREADS == 0:
+            sSum[t // WARP_THREADS, row_in_cta] = total
         cute.arch.barrier()
-        # Step 3c: every thread adds the row's warp sums (a handful of smem reads, no 2nd barrier).
+        # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
         total = Float32(0.0)
-        for w in cutlass.range_constexpr(warps_per_row):
+        for w in cutlass.range_constexpr(plan.warps_per_row):
             total = total + sSum[w, row_in_cta]
 
-    # Step 4: one reciprocal square root per row. Its argument is at least eps,
-    # so when eps is a normal float32 the argument is never subnormal and the
-    # flush-to-zero form returns the same value without the subnormal-input
-    # guard (a compare and two multiplies) that ptxas puts around plain
-    # rsqrt.approx.f32 on every row's critical path. Measured on the H200: up to
-    # 4% faster, up to 0.4% slower at 16384 x 4096 (benchmarks/NOTES.md).
-    mean_sq_eps = total * (1.0 / hidden) + eps  # 1/hidden folds to a constant
-    if cutlass.const_expr(eps >= FLT_MIN):
+    # Step 4: one reciprocal square root per row. Its argument is at least
+    # epsilon, so when epsilon is a normal float32 the argument is never
+    # subnormal and the flush-to-zero form returns the same value without the
+    # subnormal-input guard ptxas puts around plain rsqrt.approx.f32 on every
+    # row's critical path.
+    mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1/hidden folds to a constant
+    if cutlass.const_expr(epsilon >= FLT_MIN):
         rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
     else:
         rstd = cute.math.rsqrt(mean_sq_eps)
 
-    # Step 5: scale in FP32, cast once, store with the same vectors that were loaded.
-    # Y is stored with the default cache policy on purpose: evict-first stores of Y
-    # (with X loads that skip L1) timed faster alone but made a producer ->
-    # RMSNorm -> consumer pipeline up to 6% slower at some sizes. (Staged rows'
-    # X copies skip L1 too; in that pipeline they were faster, benchmarks/NOTES.md.)
-    if cutlass.const_expr(not early_weight):
-        for k in cutlass.range_constexpr(vecs_per_thread):
-            j = t + k * threads_per_row
-            if not ragged or j < num_vecs:
-                cute.autovec_copy(mW[None, j], tWrW[None, k])
-    if cutlass.const_expr(stage_x):
-        # A staged row reads X back from shared memory one vector at a time: its FP32
-        # values are not held through Steps 3-4, and ptxas then issues W's loads before
-        # the cp.async wait at hidden 2560-4096. Reading all of X back at once, it
-        # issued them after the wait and 4096 x 4096 ran 7% slower (benchmarks/NOTES.md).
+    # Step 5: scale in FP32, cast once, store with the same vectors that were
+    # loaded, with the default cache policy (Y is usually read next by another
+    # kernel). A staged row reads X again from shared memory one vector at a
+    # time instead of keeping a row of FP32 values live through Steps 3-4,
+    # which also lets ptxas issue W's loads before the cp.async wait.
+    if cutlass.const_expr(not plan.early_weight):
+        copy_vectors(t, plan, (mW, tWrW, True))
+    if cutlass.const_expr(plan.stage_x):
+        def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
+            return (values.to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type)
+
         if row_ok:
-            for k in cutlass.range_constexpr(vecs_per_thread):
-                j = t + k * threads_per_row
-                if not ragged or j < num_vecs:
-                    tXrXk = cute.make_rmem_tensor((vec,), mX.element_type)
-                    cute.autovec_copy(sX[row_in_cta, (None, j)], tXrXk)
-                    tYrYk = cute.make_rmem_tensor((vec,), mY.element_type)
-                    tYrYk.store((tXrXk.load().to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type))
-                    cute.autovec_copy(tYrYk, mY[row, (None, j)])
+            copy_vectors(t, plan, ((sX, row_in_cta), (mY, row), True), transform=normalize)
     else:
-        tYrY = cute.make_rmem_tensor((vec, vecs_per_thread), mY.element_type)
+        tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
         tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
         if row_ok:
-            for k in cutlass.range_constexpr(vecs_per_thread):
-                j = t + k * threads_per_row
-                if not ragged or j < num_vecs:
-                    cute.autovec_copy(tYrY[None, k], mY[row, (None, j)])
+            copy_vectors(t, plan, (tYrY, (mY, row), True))
 
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
-# Baked in at compile time: X/Y dtype, hidden size (and with it the plan:
-# vector width, threads per row, rows per CTA, whether X is staged in shared
-# memory), epsilon, and the 16-byte alignment of the three base pointers.
-# Runtime arguments: the three addresses, num_tokens and the stream. One
-# compiled kernel therefore serves every token count of the optimization
-# profile.
+# Baked in at compile time: X/Y dtype, the plan (hidden size, vector width,
+# threads per row, rows per CTA, registers or shared memory), epsilon, and the
+# 16-byte alignment of the three base pointers. Runtime arguments: the three
+# addresses, num_tokens and the stream. One compiled kernel therefore serves
+# every token count of the optimization profile.
 
 
 @cute.jit
@@ -374,15 +412,10 @@ def rms_norm_launch(
     mY: cute.Tensor,
     num_tokens: Int32,
     stream: cuda.CUstream,
-    hidden: cutlass.Constexpr,
-    eps: cutlass.Constexpr,
+    plan: cutlass.Constexpr,
+    epsilon: cutlass.Constexpr,
 ):
-    plan = plan_kernel(hidden, mX.element_type.width // 8)
-    rms_norm_kernel(
-        mX.iterator, mW.iterator, num_tokens, mY.iterator,
-        hidden, eps, plan.vec, plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight,
-        plan.stage_x,
-    ).launch(
+    rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
         grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1],
         block=[plan.cta_threads, 1, 1],
         stream=stream,
@@ -392,15 +425,20 @@ def rms_norm_launch(
 def validate_epsilon(value) -> float:
     """Return epsilon as the float32 value the kernel will use, or raise ValueError."""
     try:
-        eps = float(np.float32(value))
+        epsilon = float(np.float32(value))
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be a number, got {value!r}") from None
-    if not (math.isfinite(eps) and eps > 0.0):
+    if not (math.isfinite(epsilon) and epsilon > 0.0):
         raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be finite and > 0 in float32, got {value!r}")
-    return eps
+    return epsilon
 
 
-_CUTE_DTYPES = {"float16": "Float16", "bfloat16": "BFloat16"}
+def gpu_arch() -> str:
+    """The current GPU's compile target, e.g. "sm_90a" (the "a" unlocks Hopper's and later GPUs' own instructions)."""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
 _COMPILED: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
@@ -415,23 +453,21 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     current GPU. ``keep_ptx=True`` bypasses the cache and returns a fresh
     compilation whose ``__ptx__`` holds the PTX text.
     """
-    plan_kernel(hidden)  # a clear ValueError before any tracing
+    if dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"dtype must be one of {list(ACTIVATION_DTYPES)}, got {dtype!r}")
+    plan = plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
     epsilon = validate_epsilon(epsilon)
-    if dtype not in _CUTE_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_CUTE_DTYPES)}, got {dtype!r}")
-    if arch is None:
-        major, minor = torch.cuda.get_device_capability()
-        arch = f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    arch = arch or gpu_arch()
     key = (dtype, hidden, epsilon, arch)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
-            elem = getattr(cutlass, _CUTE_DTYPES[dtype])
+            elem = getattr(cutlass, DTYPES[dtype].cute)
             tokens = cute.sym_int32()
             fake = cute.runtime.make_fake_compact_tensor
-            fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
-            fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=16)
-            fake_w = fake(Float32, (hidden,), assumed_align=16)
-            args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), hidden, epsilon)
+            fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+            fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+            fake_w = fake(Float32, (hidden,), assumed_align=VECTOR_BYTES)
+            args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), plan, epsilon)
             if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
                 with tempfile.TemporaryDirectory() as dump_dir:
                     return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
@@ -439,10 +475,10 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
         return _COMPILED[key]
 
 
-def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EPSILON, out=None):
+def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", epsilon: float = DEFAULT_EPSILON, out=None):
     """The kernel on torch CUDA tensors, on torch's current stream: the same code path without TensorRT."""
     out = torch.empty_like(x) if out is None else out
-    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], eps)
+    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], epsilon)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     x2, y2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
     kernel(from_dlpack(x2, assumed_align=VECTOR_BYTES), from_dlpack(w, assumed_align=VECTOR_BYTES),
@@ -464,23 +500,22 @@ def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", eps: float = DEFAULT_EP
 #      compiled for (TensorRT allocates plugin I/O with 256-byte alignment;
 #      enqueue checks it anyway).
 # cupy has no bfloat16 dtype. bf16 data is wrapped as int16 (same width, the
-# bits are never interpreted) and reinterpreted in torch with .view(bfloat16),
-# which changes the dtype tag only.
-
-_CUPY_CARRIER = {"float16": "float16", "bfloat16": "int16", "float32": "float32"}
+# bits are never interpreted; DTYPES' cupy column) and reinterpreted in torch
+# with .view(bfloat16), which changes the dtype tag only.
 
 
 def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: int):
     """Wrap a device address TensorRT owns as a CuTe tensor (no copy, no sync)."""
     if address % VECTOR_BYTES:
         raise ValueError(f"RmsNormPlugin needs {VECTOR_BYTES}-byte aligned buffers, got address {address:#x}")
-    carrier = np.dtype(_CUPY_CARRIER[dtype])
+    names = DTYPES[dtype]
+    carrier = np.dtype(names.cupy)
     nbytes = int(np.prod(shape)) * carrier.itemsize
     memory = cp.cuda.UnownedMemory(address, nbytes, owner=None, device_id=device_id)  # hop 1
     array = cp.ndarray(shape, dtype=carrier, memptr=cp.cuda.MemoryPointer(memory, 0))
     view = torch.as_tensor(array, device=f"cuda:{device_id}")                       # hop 2
-    if dtype == "bfloat16":
-        view = view.view(torch.bfloat16)
+    if names.cupy != names.torch:
+        view = view.view(getattr(torch, names.torch))
     return from_dlpack(view, assumed_align=VECTOR_BYTES)                             # hop 3
 
 
@@ -504,12 +539,17 @@ else:  # without TensorRT the classes exist but main() never reaches them
     _PLUGIN_BASES = _CREATOR_BASES = (object,)
 
 
+def trt_dtype(dtype: str):
+    """The tensorrt.DataType of one of DTYPES' names."""
+    return getattr(trt.DataType, DTYPES[dtype].trt)
+
+
 def _io_dtype(trt_type) -> str:
     """Name of a TensorRT activation dtype this kernel handles, or raise ValueError."""
-    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
-    if trt_type not in names:
-        raise ValueError(f"{PLUGIN_NAME}: X must be float16 or bfloat16, got {trt_type}")
-    return names[trt_type]
+    for dtype in ACTIVATION_DTYPES:
+        if trt_type == trt_dtype(dtype):
+            return dtype
+    raise ValueError(f"{PLUGIN_NAME}: X must be float16 or bfloat16, got {trt_type}")
 
 
 class RmsNormPlugin(*_PLUGIN_BASES):
@@ -549,7 +589,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
     def get_output_data_types(self, input_types):
         """Build time (network construction): Y has X's dtype; X must be fp16/bf16, W fp32."""
         _io_dtype(input_types[0])
-        if input_types[1] != trt.DataType.FLOAT:
+        if input_types[1] != trt_dtype("float32"):
             raise ValueError(f"{PLUGIN_NAME}: W must be float32, got {input_types[1]}")
         return [input_types[0]]
 
@@ -573,9 +613,9 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         if desc.format != trt.TensorFormat.LINEAR:
             return False
         if pos == 0:
-            return desc.type in (trt.DataType.HALF, trt.DataType.BF16)
+            return desc.type in [trt_dtype(dtype) for dtype in ACTIVATION_DTYPES]
         if pos == 1:
-            return desc.type == trt.DataType.FLOAT
+            return desc.type == trt_dtype("float32")
         return desc.type == in_out[0].desc.type
 
     def configure_plugin(self, inp, out):
@@ -701,13 +741,10 @@ def register_creator():
 # tensor dtypes come from the inputs and get_output_data_types, not from
 # builder precision flags.
 
-_TRT_DTYPE_NAMES = {"float16": "HALF", "bfloat16": "BF16"}
-
-
 def _add_io(network, hidden: int, dtype: str):
     """The inputs X [-1, hidden] (dtype) and W [hidden] (fp32) every network here starts from."""
-    x = network.add_input("X", getattr(trt.DataType, _TRT_DTYPE_NAMES[dtype]), (-1, hidden))
-    w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
+    x = network.add_input("X", trt_dtype(dtype), (-1, hidden))
+    w = network.add_input("W", trt_dtype("float32"), (hidden,))
     return x, w
 
 
@@ -718,13 +755,18 @@ def _mark_y(network, layer):
 
 
 def define_plugin_network(network, hidden: int, dtype: str, epsilon: float):
-    """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would."""
+    """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would.
+
+    Returns the plugin, which the caller keeps until the build is done: TensorRT
+    clones it, but holding the original costs nothing and depends on no such detail.
+    """
     creator = register_creator()
     eps_field = np.array([epsilon], dtype=np.float32)  # alive until create_plugin has copied it
     fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
     plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
     x, w = _add_io(network, hidden, dtype)
     _mark_y(network, network.add_plugin_v3([x, w], [], plugin))
+    return plugin
 
 
 def define_builtin_network(network, hidden: int, dtype: str, epsilon: float):
@@ -780,7 +822,7 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
     """Build an engine: source "plugin" (network API), "onnx" (ONNX parser) or "builtin" (TensorRT layers)."""
     from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network, network_from_onnx_bytes
 
-    keep_alive = None  # buffers TensorRT reads during the build but does not own; freed on return
+    keep_alive = None  # what TensorRT uses during the build but does not own (plugin, constant); freed on return
     if source == "onnx":
         register_creator()  # the parser looks the op up in the registry
         network = network_from_onnx_bytes(make_onnx_model(hidden, dtype, epsilon), strongly_typed=True)
@@ -818,8 +860,7 @@ def load_engine(path: str):
 
 def engine_io(engine):
     """(dtype, hidden, (min, opt, max) tokens) of an engine built by build_engine."""
-    names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
-    dtype = names.get(engine.get_tensor_dtype("X"))
+    dtype = next((d for d in ACTIVATION_DTYPES if trt_dtype(d) == engine.get_tensor_dtype("X")), None)
     hidden = engine.get_tensor_shape("X")[1]
     profile = engine.get_tensor_profile_shape("X", 0)
     return dtype, hidden, tuple(shape[0] for shape in profile)
@@ -834,14 +875,13 @@ def engine_io(engine):
 # therefore a safe bound that still catches any real error; the absolute
 # term only covers fp16 subnormals near zero.
 
-TOLERANCE = {"float16": (2.0 ** -10, 1e-6), "bfloat16": (2.0 ** -7, 1e-6)}  # (rtol, atol)
-_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+CHECK_ATOL = 1e-6  # the relative tolerance is DTYPES[dtype].rtol
 
 
 def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int):
     """Random X (rounded to dtype) and W (fp32), deterministic in seed, on the CPU."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(num_tokens, hidden, generator=gen).to(_TORCH_DTYPES[dtype])
+    x = torch.randn(num_tokens, hidden, generator=gen).to(getattr(torch, DTYPES[dtype].torch))
     w = torch.rand(hidden, generator=gen) * 2.0 - 0.5
     return x, w
 
@@ -849,28 +889,40 @@ def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int):
 def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dtype: str):
     """(all within tolerance, max abs error) of y against the float64 reference."""
     ref = rms_norm_reference(x, w, epsilon)
-    rtol, atol = TOLERANCE[dtype]
     err = np.abs(y.astype(np.float64) - ref)
-    ok = bool(np.all(np.isfinite(y)) and np.all(err <= atol + rtol * np.abs(ref)))
+    ok = bool(np.all(np.isfinite(y)) and np.all(err <= CHECK_ATOL + DTYPES[dtype].rtol * np.abs(ref)))
     return ok, float(np.max(err, initial=0.0))
 
 
-def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
-    """Run each token count through one execution context and compare with NumPy."""
-    from polygraphy.backend.trt import TrtRunner
+def bind_io(context, x, w, y):
+    """Set X's shape in `context` and point X, W and Y at these torch CUDA tensors (no copies)."""
+    context.set_input_shape("X", tuple(x.shape))
+    for name, tensor in (("X", x), ("W", w), ("Y", y)):
+        context.set_tensor_address(name, tensor.data_ptr())
 
+
+def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed) -> bool:
+    """Run each token count through one execution context and compare with NumPy.
+
+    The context runs on torch's buffers and a torch stream, as in time_engine, so
+    no CUDA runtime library has to be found: Polygraphy's TrtRunner looks for
+    libcudart in places where a pip-installed CUDA 13 does not put it.
+    """
+    context = engine.create_execution_context()
+    stream = torch.cuda.Stream()
     all_ok = True
-    with TrtRunner(engine) as runner:
-        for i, n in enumerate(token_counts):
-            x, w = make_inputs(n, hidden, dtype, seed + i)
-            feed = {"X": x.cuda(), "W": w.cuda()}
-            # TrtRunner enqueues on its own stream, not torch's: finish the uploads first.
-            torch.cuda.synchronize()
-            y = runner.infer(feed, copy_outputs_to_host=True)["Y"]
-            y = y.float().cpu().numpy() if torch.is_tensor(y) else np.asarray(y, dtype=np.float32)
-            ok, err = check_output(y, x.float().numpy(), w.numpy(), epsilon, dtype)
-            print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
-            all_ok &= ok
+    for i, n in enumerate(token_counts):
+        x, w = make_inputs(n, hidden, dtype, seed + i)
+        xd, wd = x.cuda(), w.cuda()
+        yd = torch.full_like(xd, float("nan"))  # an element the engine leaves unwritten fails the check
+        bind_io(context, xd, wd, yd)
+        torch.cuda.synchronize()  # the uploads ran on torch's stream, TensorRT reads on `stream`
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError(f"TensorRT could not run the engine at {n} tokens; its log above says why")
+        stream.synchronize()
+        ok, err = check_output(yd.float().cpu().numpy(), x.float().numpy(), w.numpy(), epsilon, dtype)
+        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
+        all_ok &= ok
     return all_ok
 
 
@@ -886,10 +938,9 @@ def time_engine(engine, tokens: int, hidden: int, dtype: str, iterations: int = 
     """Microseconds per execute_async_v3 call at `tokens`, after warm-up."""
     context = engine.create_execution_context()
     x, w = make_inputs(tokens, hidden, dtype, seed=0)
-    buffers = {"X": x.cuda(), "W": w.cuda(), "Y": torch.empty_like(x, device="cuda")}
-    context.set_input_shape("X", (tokens, hidden))
-    for name, tensor in buffers.items():
-        context.set_tensor_address(name, tensor.data_ptr())
+    x, w = x.cuda(), w.cuda()
+    y = torch.empty_like(x)
+    bind_io(context, x, w, y)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     for _ in range(20):
@@ -939,7 +990,7 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--min-tokens", type=int, default=1, help="profile minimum (default 1)")
     parser.add_argument("--opt-tokens", type=int, default=128, help="profile optimum (default 128)")
     parser.add_argument("--max-tokens", type=int, default=512, help="profile maximum (default 512)")
-    parser.add_argument("--dtype", choices=sorted(_CUTE_DTYPES), default="float16", help="X/Y dtype (default float16)")
+    parser.add_argument("--dtype", choices=sorted(ACTIVATION_DTYPES), default="float16", help="X/Y dtype (default float16)")
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
     parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists, else build and save it there")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
@@ -1028,6 +1079,7 @@ def main(argv=None) -> int:
     counts = token_counts(args)  # all through one execution context
     print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
           f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+    print(plan_kernel(args.hidden_dim, DTYPES[args.dtype].bytes).describe())
     correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
     if args.compare_builtin:
         print("Built-in layers (cast, x*x, reduce mean, + eps, sqrt, divide, * w, cast):")

@@ -6,7 +6,7 @@ events, median of several rounds; per-launch microseconds and GB/s from the
 sample's traffic model (2*N*H*s + 4*H bytes, s = 2 for fp16/bf16). Compared
 with torch's copy_ (the floor), torch eager F.rms_norm and torch.compile.
 Host time: the plugin's enqueue (called with raw pointers and TensorRT-shaped
-descriptors from the labelled stand-in in tests/trt_standin.py) against a bare
+descriptors from the labelled stand-in in support/trt_standin.py) against a bare
 call of the compiled kernel with prepared arguments, at 128x1024; and the first
 enqueue after on_shape_change, both for a new context (new buffers: the
 handoff runs) and for a shape change on buffers the context already used.
@@ -26,7 +26,6 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -87,12 +86,17 @@ def time_eager(fn, tokens, hidden, rounds=7):
     return statistics.median(times)
 
 
+_EPS_BUFFERS = {}
+
+
 def standin_plugin_args(tokens, hidden, eps=EPS):
     """The creator's fields and the fp16 I/O descriptors TensorRT would pass, built from the labelled stand-in."""
-    import trt_standin
+    from support import trt_standin
 
+    # A field collection keeps only a pointer (as TensorRT's does): the array must outlive it.
+    eps_buffer = _EPS_BUFFERS.setdefault(float(eps), np.array([eps], np.float32))
     fields = trt_standin.PluginFieldCollection(
-        [trt_standin.PluginField("epsilon", np.array([eps], np.float32), trt_standin.PluginFieldType.FLOAT32)])
+        [trt_standin.PluginField("epsilon", eps_buffer, trt_standin.PluginFieldType.FLOAT32)])
     in_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF),
                trt_standin.PluginTensorDesc((hidden,), trt_standin.DataType.FLOAT)]
     out_desc = [trt_standin.PluginTensorDesc((tokens, hidden), trt_standin.DataType.HALF)]
@@ -136,8 +140,8 @@ def main():
 
     import rms_norm_plugin_cutedsl as sample
     import torch.nn.functional as F
-    from conftest import load_sample
-    import trt_standin
+    from support import trt_standin
+    from support.sample_loader import load_sample
 
     torch._dynamo.config.cache_size_limit = 64
     command = "python3 benchmarks/bench_rms_norm.py" + (" --quick" if args.quick else "")
@@ -178,7 +182,7 @@ def main():
             ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS) * w.double())
             sample.rms_norm_torch(x, w, EPS, out=y)
             torch.cuda.synchronize()
-            rtol, atol = sample.TOLERANCE[dtype]
+            rtol, atol = sample.DTYPES[dtype].rtol, sample.CHECK_ATOL
             bad = ((y.double() - ref).abs() > atol + rtol * ref.abs()).sum().item()
             assert bad == 0, f"kernel wrong at {tokens}x{hidden} {dtype}: {bad} elements out of tolerance"
             # Prepared arguments: what a steady-state caller does (no per-call DLPack work).

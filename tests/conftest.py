@@ -1,13 +1,8 @@
-"""Shared test plumbing: marker-based skips and loading the sample against a chosen `tensorrt`."""
-
-import importlib.util
-import pathlib
-import sys
+"""Shared test plumbing: marker-based skips and the sample loaded against a chosen `tensorrt` (support/)."""
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
+from support.sample_loader import ROOT, SAMPLE_PATH, load_sample  # noqa: F401 (ROOT, SAMPLE_PATH: for tests)
 
 
 def _gpu_reason():
@@ -39,29 +34,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"gpu: {gpu}"))
 
 
-def load_sample(trt_module, name):
-    """Import rms_norm_plugin_cutedsl.py as module `name`, with `trt_module` as its `tensorrt`."""
-    missing = object()
-    saved = sys.modules.get("tensorrt", missing)
-    sys.modules["tensorrt"] = trt_module
-    try:
-        spec = importlib.util.spec_from_file_location(name, SAMPLE_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        if saved is missing:
-            del sys.modules["tensorrt"]
-        else:
-            sys.modules["tensorrt"] = saved
-    return module
-
-
 @pytest.fixture(scope="session")
 def sample_standin():
-    """The sample bound to the labelled TensorRT stand-in (tests/trt_standin.py)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import trt_standin
+    """The sample bound to the labelled TensorRT stand-in (support/trt_standin.py)."""
+    from support import trt_standin
 
     return load_sample(trt_standin, "rms_norm_plugin_with_standin")
 

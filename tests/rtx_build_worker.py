@@ -23,7 +23,8 @@ Usage:  python tests/rtx_build_worker.py '<json spec>'
 
 Spec keys (all optional):
     dtype            "float16" (default), "bfloat16" or "float32": dtype of X and Y
-    x_hidden         last dimension of X (default 1024)
+    x_hidden         last dimension of X (default 1024); "dynamic": a named (runtime) dimension,
+                     which the profile sets to w_hidden
     w_hidden         size of W (default 1024)
     x_rank           rank of X (default 2); extra middle dimensions are 2
     epsilon          value of the node's 'epsilon' attribute (default 1e-5);
@@ -68,11 +69,11 @@ DEFAULTS = dict(
 
 
 def load_sample_with_rtx():
-    """Import the sample with tensorrt_rtx standing in as `tensorrt` (as conftest.load_sample does)."""
+    """Import the sample with tensorrt_rtx standing in as `tensorrt` (support.sample_loader.load_sample)."""
     import tensorrt_rtx
 
-    sys.path.insert(0, str(TESTS_DIR))
-    from conftest import load_sample
+    sys.path.insert(0, str(TESTS_DIR.parent))
+    from support.sample_loader import load_sample
 
     sys.modules["tensorrt"] = tensorrt_rtx  # for this whole process: the sample and this worker agree
     return tensorrt_rtx, load_sample(tensorrt_rtx, "rms_norm_plugin_cutedsl")
@@ -105,7 +106,8 @@ def write_onnx(path: str, spec: dict) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float32": TensorProto.FLOAT}[spec["dtype"]]
-    x_shape = ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [spec["x_hidden"]]
+    hidden = "hidden" if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
+    x_shape = ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
     x = helper.make_tensor_value_info("X", elem, x_shape)
     y = helper.make_tensor_value_info("Y", elem, x_shape)
     w = numpy_helper.from_array(np.linspace(0.5, 1.5, spec["w_hidden"], dtype=np.float32), "W")
@@ -205,9 +207,9 @@ def build(spec: dict) -> dict:
     config.set_compute_capability(trt.ComputeCapability.SM80, 0)
     lo, opt, hi = spec["profile"]
     middle = [2] * (spec["x_rank"] - 2)
+    hidden = spec["w_hidden"] if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
     profile = builder.create_optimization_profile()
-    profile.set_shape("X", [lo, *middle, spec["x_hidden"]], [opt, *middle, spec["x_hidden"]],
-                      [hi, *middle, spec["x_hidden"]])
+    profile.set_shape("X", [lo, *middle, hidden], [opt, *middle, hidden], [hi, *middle, hidden])
     config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     if blob is None:

@@ -94,3 +94,21 @@ def test_from_onnx_without_onnx_installed_says_what_to_install(monkeypatch):
     monkeypatch.setitem(_sys.modules, "onnx", None)
     with pytest.raises(sample.UsageError, match="pip install onnx"):
         sample.make_onnx_model(1024, "float16", 1e-5)
+
+
+@pytest.mark.parametrize(
+    "num, lo, opt, hi, expected",
+    [
+        (128, 1, 128, 512, [128, 1, 512, 37]),   # README: "runs 128/1/512/37 tokens"
+        (511, 3, 37, 511, [511, 3, 37]),         # 37 is in the profile; 511 is both main run and max
+        (150, 100, 150, 200, [150, 100, 200, 199]),  # 37 is outside: one below the max instead
+        (64, 64, 64, 64, [64]),                  # a one-shape profile has no other count to run
+    ],
+)
+def test_token_counts_are_the_main_run_the_profile_edges_and_an_odd_count(num, lo, opt, hi, expected):
+    import argparse
+
+    import rms_norm_plugin_cutedsl as sample
+
+    args = argparse.Namespace(num_tokens=num, min_tokens=lo, opt_tokens=opt, max_tokens=hi)
+    assert sample.token_counts(args) == expected

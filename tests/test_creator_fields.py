@@ -103,15 +103,46 @@ def test_epsilon_with_other_than_one_value_is_refused(sample_rtx, trt, values):
 # -- what the plugin serializes ----------------------------------------------------------
 
 
-def test_serialized_epsilon_reads_back_after_the_allocator_is_churned(sample_rtx, trt):
-    """trt.PluginField keeps only a pointer: the plugin must own the array TensorRT reads later."""
+def arrays_behind(owner, field) -> list:
+    """Names of ``owner``'s numpy arrays that ``field`` points into.
+
+    trt.PluginField keeps only a pointer, and reading ``field.data`` copies from
+    it: writing a sentinel into an array changes what the field reads exactly
+    when the field points into that array. Deterministic, unlike waiting for the
+    allocator to reuse freed memory.
+    """
+    found = []
+    for name, value in vars(owner).items():
+        if isinstance(value, np.ndarray) and value.size:
+            before, saved = np.asarray(field.data).copy(), value.copy()
+            value.view(np.uint8)[...] = 0x5A
+            if not np.array_equal(np.asarray(field.data), before):
+                found.append(name)
+            value[...] = saved
+    return found
+
+
+def test_serialized_field_points_into_an_array_the_plugin_owns(sample_rtx, trt):
+    """TensorRT reads the fields after get_fields_to_serialize returns: their memory must be the plugin's."""
     plugin = create(sample_rtx, trt, np.array([3.0517578e-05], dtype=np.float32))
-    fields = plugin.get_fields_to_serialize()
-    churn_allocator()
-    fields = list(fields)
-    assert [f.name for f in fields] == ["epsilon"]
-    assert fields[0].type == trt.PluginFieldType.FLOAT32
-    assert np.asarray(fields[0].data, dtype=np.float32).tolist() == [np.float32(3.0517578e-05)]
+    (field,) = list(plugin.get_fields_to_serialize())
+    assert field.name == "epsilon" and field.type == trt.PluginFieldType.FLOAT32
+    assert np.asarray(field.data).tolist() == [np.float32(3.0517578e-05)]
+    assert len(arrays_behind(plugin, field)) == 1, "the serialized field does not point into the plugin's own array"
+
+
+def test_the_ownership_check_sees_a_field_over_a_temporary_array(sample_rtx, trt):
+    """Guards the check above: a collection built over a temporary points into no array the plugin owns."""
+    plugin = create(sample_rtx, trt, np.array([0.125], dtype=np.float32))
+    temporary = trt.PluginFieldCollection(
+        [trt.PluginField("epsilon", np.array([plugin.epsilon], np.float32), trt.PluginFieldType.FLOAT32)])
+    assert arrays_behind(plugin, list(temporary)[0]) == []
+
+
+def test_creator_field_names_point_into_an_array_the_creator_owns(sample_rtx, trt):
+    creator = sample_rtx.RmsNormPluginCreator()
+    (field,) = list(creator.field_names)
+    assert len(arrays_behind(creator, field)) == 1
 
 
 def test_serialized_fields_survive_the_collection_that_created_the_plugin(sample_rtx, trt):
@@ -131,6 +162,7 @@ def test_clone_keeps_epsilon_and_serializes_it_on_its_own(sample_rtx, trt):
     (field,) = list(twin.get_fields_to_serialize())
     assert field.name == "epsilon"
     assert np.asarray(field.data, dtype=np.float32).tolist() == [0.125]
+    assert len(arrays_behind(twin, field)) == 1
 
 
 # -- supports_format_combination with real descriptors ------------------------------------

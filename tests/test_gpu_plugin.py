@@ -1,7 +1,7 @@
 """GPU: the plugin's own methods driven exactly as TensorRT drives them.
 
 TensorRT is not installed on the GPU test machine, so `tensorrt` is the
-labelled TEST DOUBLE in tests/trt_standin.py: it supplies descriptors and
+labelled TEST DOUBLE in support/trt_standin.py: it supplies descriptors and
 field types only. Everything else is the real plugin code: the creator parses
 fields, attach_to_context clones, on_shape_change compiles, enqueue receives
 raw device pointers and a raw stream handle.
@@ -19,16 +19,18 @@ HIDDEN = 1024
 
 @pytest.fixture()
 def trt(sample_standin):
-    import trt_standin
+    from support import trt_standin
 
     return trt_standin
 
 
 def make_context_plugin(sample, trt, epsilon=1e-5):
-    """What TensorRT does when it loads an engine: creator -> plugin -> per-context clone."""
-    fields = trt.PluginFieldCollection(
-        [trt.PluginField("epsilon", np.array([epsilon], np.float32), trt.PluginFieldType.FLOAT32)]
-    )
+    """What TensorRT does when it loads an engine: creator -> plugin -> per-context clone.
+
+    The collection keeps only a pointer to eps (as TensorRT's does), so eps is held until create_plugin returns.
+    """
+    eps = np.array([epsilon], np.float32)
+    fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps, trt.PluginFieldType.FLOAT32)])
     plugin = sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, trt.TensorRTPhase.RUNTIME)
     return plugin.attach_to_context(None)
 

@@ -179,3 +179,34 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
     assert sample.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a
+
+
+@pytest.mark.parametrize("hidden,line", [
+    (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers"),
+    (4096, "kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, 1 row/CTA, X staged in shared memory"),
+    (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 8 rows/CTA, X in registers"),
+])
+def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
+    """What main() prints under its header: vector width, split, rows per CTA, registers or shared memory."""
+    assert sample.plan_kernel(hidden).describe() == line
+
+
+def test_dtype_table_names_the_same_type_in_every_library():
+    """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size; rtol is one ulp."""
+    import cutlass
+    import numpy as np
+    import torch
+
+    trt = pytest.importorskip("tensorrt_rtx")  # the same DataType members as tensorrt's
+    for name, row in sample.DTYPES.items():
+        torch_dtype = getattr(torch, row.torch)
+        assert str(torch_dtype) == f"torch.{name}"
+        assert torch_dtype.itemsize == row.bytes
+        assert getattr(cutlass, row.cute).width == 8 * row.bytes
+        assert np.dtype(row.cupy).itemsize == row.bytes
+        if hasattr(np, name):  # numpy has no bfloat16: that one's carrier only needs the width
+            assert np.dtype(row.cupy) == np.dtype(name)
+        assert getattr(trt.DataType, row.trt).itemsize == row.bytes
+    for name in sample.ACTIVATION_DTYPES:
+        assert sample.DTYPES[name].rtol == torch.finfo(getattr(torch, name)).eps
+    assert sorted(sample.ACTIVATION_DTYPES) == ["bfloat16", "float16"]

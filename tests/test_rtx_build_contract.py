@@ -10,10 +10,12 @@ in parallel, once per session, and the tests below read the results.
 
 What is checked:
 * fp16 and bf16 engines build; the optimization profile reaches configure_plugin;
-* the engine stores epsilon as the exact float32 the user asked for. This is
-  also the dangling-buffer check: trt.PluginField does not own its numpy array,
-  so a plugin that serializes from a temporary array stores garbage
-  (test_engine_record_check_catches_a_dangling_field_buffer shows it does);
+* the engine stores epsilon as the exact float32 the user asked for. A plugin
+  that serializes from a temporary array stores garbage only once the freed
+  memory is reused (the planted variant below forces that); the deterministic
+  ownership check is test_creator_fields.py's (the field points into an array
+  the plugin owns);
+* a dynamic or out-of-range hidden size is refused by get_output_shapes;
 * unsupported inputs and bad epsilon attributes are refused with the sample's
   own message, and never crash the process.
 """
@@ -42,6 +44,8 @@ BUILDS = {
     "x_float32": dict(dtype="float32"),
     "hidden_mismatch": dict(x_hidden=1024, w_hidden=512),
     "x_rank3": dict(x_rank=3),
+    "hidden_dynamic": dict(x_hidden="dynamic", w_hidden=1024),
+    "hidden_too_large": dict(x_hidden=32776, w_hidden=32776),
     "epsilon_missing": dict(epsilon=None),
     "epsilon_zero": dict(epsilon=0.0),
     "epsilon_negative": dict(epsilon=-1e-5),
@@ -159,6 +163,8 @@ def test_engine_record_check_catches_a_dangling_field_buffer(builds):
         ("x_float32", "X must be float16 or bfloat16"),
         ("hidden_mismatch", "X hidden 1024 != W size 512"),
         ("x_rank3", "expects X [num_tokens, hidden]"),
+        ("hidden_dynamic", "the hidden dimension of X must be static"),
+        ("hidden_too_large", "hidden must be in [1, 32768], got 32776"),
     ],
 )
 def test_unsupported_inputs_are_refused_with_the_plugins_message(builds, name, message):

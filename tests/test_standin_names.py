@@ -1,6 +1,6 @@
 """CPU: every name the TensorRT stand-in offers exists, spelled the same, on real TensorRT-family bindings.
 
-tests/trt_standin.py is a labelled TEST DOUBLE used by the GPU tests in place
+support/trt_standin.py is a labelled TEST DOUBLE used by the GPU tests in place
 of ``tensorrt``. It is only trustworthy if the sample could not use a name
 through it that real TensorRT lacks. Full TensorRT cannot be installed on the
 CI machine, so TensorRT-RTX's Python bindings (``tensorrt_rtx``), which share
@@ -15,9 +15,10 @@ import importlib.util
 import inspect
 import pathlib
 
+import numpy as np
 import pytest
 
-STANDIN_PATH = pathlib.Path(__file__).resolve().parent / "trt_standin.py"
+STANDIN_PATH = pathlib.Path(__file__).resolve().parents[1] / "support" / "trt_standin.py"
 
 
 def load_standin():
@@ -37,9 +38,9 @@ def instance_attributes(cls) -> list:
 def standin_names() -> list:
     """Dotted names, relative to the module, of everything public the stand-in offers.
 
-    Module-level classes and functions; enum members; public methods defined on
-    each class; instance attributes of each class; and the public methods of the
-    object get_plugin_registry() returns.
+    Module-level classes and functions; enum members; public methods and
+    properties defined on each class; instance attributes of each class; and the
+    public methods of the object get_plugin_registry() returns.
     """
     standin = load_standin()
     names = []
@@ -50,7 +51,8 @@ def standin_names() -> list:
         if inspect.isclass(obj) and issubclass(obj, enum.Enum):
             names += [f"{name}.{member}" for member in obj.__members__]
         elif inspect.isclass(obj):
-            names += [f"{name}.{m}" for m, v in vars(obj).items() if not m.startswith("_") and callable(v)]
+            names += [f"{name}.{m}" for m, v in vars(obj).items()
+                      if not m.startswith("_") and (callable(v) or isinstance(v, property))]
             names += [f"{name}.{a}" for a in instance_attributes(obj)]
     registry = type(standin.get_plugin_registry())
     names += [f"get_plugin_registry().{m}" for m, v in vars(registry).items() if not m.startswith("_") and callable(v)]
@@ -92,3 +94,49 @@ def test_standin_name_exists_on_tensorrt_rtx(real_trt, dotted):
         resolve(real_trt, dotted)
     except AttributeError:
         pytest.fail(f"trt_standin offers `{dotted}` but tensorrt_rtx has no such name")
+
+
+# -- the stand-in's plugin fields behave as the real bindings' ------------------------------------
+
+
+@pytest.fixture(params=["standin", "tensorrt_rtx"])
+def fields_module(request):
+    return load_standin() if request.param == "standin" else pytest.importorskip("tensorrt_rtx")
+
+
+def test_field_data_is_a_new_float32_array_of_shape_n(fields_module):
+    trt = fields_module
+    buffer = np.array([0.5, 0.25], np.float32)
+    field = trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)
+    data = field.data
+    assert isinstance(data, np.ndarray) and data.dtype == np.float32 and data.shape == (2,)
+    data[0] = 7.0
+    assert field.data.tolist() == [0.5, 0.25], "data is a copy, not a view"
+
+
+def test_a_collection_points_at_the_callers_array(fields_module):
+    """Both keep a pointer: a later write into the array shows through the collection's field."""
+    trt = fields_module
+    buffer = np.array([0.5], np.float32)
+    (field,) = list(trt.PluginFieldCollection([trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)]))
+    buffer[0] = 0.125
+    assert field.data.tolist() == [0.125]
+
+
+def test_the_standin_refuses_to_read_a_field_whose_array_was_freed():
+    """Real TensorRT reads freed memory here (the collection keeps no array alive); the stand-in raises."""
+    trt = load_standin()
+    (field,) = list(trt.PluginFieldCollection(
+        [trt.PluginField("epsilon", np.array([0.5], np.float32), trt.PluginFieldType.FLOAT32)]))
+    with pytest.raises(RuntimeError, match="freed"):
+        field.data
+
+
+def test_descriptor_dims_are_python_ints(fields_module):
+    trt = fields_module
+    if trt.__name__ == "tensorrt_rtx":
+        desc = trt.PluginTensorDesc()
+        desc.dims = trt.Dims((np.int64(37), 1024))
+    else:
+        desc = trt.PluginTensorDesc((np.int64(37), 1024))
+    assert [type(d) for d in desc.dims] == [int, int] and tuple(desc.dims) == (37, 1024)

@@ -1,4 +1,8 @@
-"""Real TensorRT >= 10.9 (marker `trt`): the AOT flavor end to end. Skipped where TensorRT is absent."""
+"""Real TensorRT >= 10.9 (marker `trt`): the AOT flavor end to end. Skipped where TensorRT is absent.
+
+Engines are run through an execution context on torch buffers, not Polygraphy's
+TrtRunner, which cannot find a pip-installed CUDA 13 runtime.
+"""
 
 import shutil
 import subprocess
@@ -14,15 +18,33 @@ AOT_SCRIPT = ROOT / "rms_norm_aot_cutedsl.py"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_aot_script_builds_runs_and_checks(dtype):
-    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype], capture_output=True, text=True)
+@pytest.mark.parametrize("extra", [[], ["--hidden-dim", "4096", "--epsilon", "1e-3"]])
+def test_aot_script_builds_runs_and_checks(dtype, extra):
+    """Builds through tensorrt.plugin's real get_launch_params (issue 19 item 1) with a float32-array
+    epsilon attribute, which every TensorRT from 10.9 parses under NumPy 2.4 (item 2)."""
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype, *extra], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Inference result correct!" in proc.stdout
 
 
+def test_this_tensorrt_passes_the_aot_version_gate_exactly_when_it_has_aot_impl():
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    import rms_norm_aot_cutedsl as aot
+    import rms_norm_plugin_cutedsl as sample
+
+    major, minor = (int(v) for v in trt.__version__.split(".")[:2])
+    assert hasattr(trtp, "aot_impl") == ((major, minor) >= (10, 9))
+    if hasattr(trtp, "aot_impl"):
+        aot.check_aot_support()
+    else:
+        with pytest.raises(sample.UsageError, match="10.9 or newer"):
+            aot.check_aot_support()
+
+
 RUN_ENGINE = """
 import sys, numpy as np, torch
-from polygraphy.backend.trt import TrtRunner
 engine_path, out_path, build = sys.argv[1], sys.argv[2], sys.argv[3] == "build"
 if build:
     sys.path.insert(0, {root!r})
@@ -34,12 +56,17 @@ else:
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(engine_path, "rb").read())
     assert not [m for m in sys.modules if m.startswith("rms_norm")], "the loader must not import the plugin"
 gen = torch.Generator().manual_seed(7)
-x = torch.randn(128, 1024, generator=gen).half()
-w = torch.rand(1024, generator=gen)
+x = torch.randn(128, 1024, generator=gen).half().cuda()
+w = torch.rand(1024, generator=gen).cuda()
+y = torch.full_like(x, float("nan"))
+context = engine.create_execution_context()
+context.set_input_shape("X", tuple(x.shape))
+for name, t in (("X", x), ("W", w), ("Y", y)):
+    context.set_tensor_address(name, t.data_ptr())
 torch.cuda.synchronize()
-with TrtRunner(engine) as runner:
-    y = runner.infer({{"X": x.cuda(), "W": w.cuda()}})["Y"]
-np.save(out_path, (y.cpu().numpy() if torch.is_tensor(y) else np.asarray(y)).view(np.uint16))
+assert context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+torch.cuda.synchronize()
+np.save(out_path, y.cpu().numpy().view(np.uint16))
 """
 
 

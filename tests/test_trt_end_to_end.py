@@ -30,6 +30,19 @@ def test_script_builds_runs_and_checks_min_opt_max(dtype):
         assert f"tokens={tokens:<5d}" in out
 
 
+def test_run_needs_no_cuda_runtime_lookup_by_polygraphy():
+    """Issue 19 item 4: Polygraphy finds libcudart only where a pip-installed CUDA 13 does not put it;
+    the run must not depend on that lookup. Here any use of Polygraphy's CUDA wrapper fails the run."""
+    prelude = ("import polygraphy.cuda.cuda as c\n"
+               "def refuse(self): raise RuntimeError('Polygraphy CUDA wrapper used')\n"
+               "c.Cuda.__init__ = refuse\n")
+    code = f"{prelude}import runpy, sys\nsys.argv = [{str(SAMPLE_PATH)!r}]\n" \
+           f"runpy.run_path({str(SAMPLE_PATH)!r}, run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Inference result correct!" in proc.stdout
+
+
 def test_odd_profile_and_hidden():
     code, out, err = run_script("--hidden-dim", "1000", "--min-tokens", "3", "--opt-tokens", "37",
                                 "--max-tokens", "511", "--num-tokens", "511")
@@ -43,17 +56,20 @@ def test_saved_engine_loads_in_a_fresh_process_and_matches_bit_for_bit(tmp_path)
 import sys, numpy as np, torch
 sys.path.insert(0, {str(SAMPLE_PATH.parent)!r})
 import rms_norm_plugin_cutedsl as s
-from polygraphy.backend.trt import TrtRunner
 path, out = sys.argv[1], sys.argv[2]
 import os
 engine = s.load_engine(path) if os.path.exists(path) else s.build_engine(1024, "float16", 1, 128, 512, 1e-5)
 if not os.path.exists(path):
     open(path, "wb").write(engine.serialize())
 x, w = s.make_inputs(128, 1024, "float16", seed=5)
+x, w = x.cuda(), w.cuda()
+y = torch.full_like(x, float("nan"))
+context = engine.create_execution_context()
+s.bind_io(context, x, w, y)
 torch.cuda.synchronize()
-with TrtRunner(engine) as runner:
-    y = runner.infer({{"X": x.cuda(), "W": w.cuda()}})["Y"]
-np.save(out, (y.cpu().numpy() if torch.is_tensor(y) else np.asarray(y)).view(np.uint16))
+assert context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+torch.cuda.synchronize()
+np.save(out, y.cpu().numpy().view(np.uint16))
 """
     for out in (out_built, out_loaded):  # the first process builds and saves, the second only loads
         proc = subprocess.run([sys.executable, "-c", worker, str(engine), str(out)], capture_output=True, text=True)

@@ -5,7 +5,7 @@ Times each hop of the handoff (cupy UnownedMemory, cupy ndarray, torch.as_tensor
 from_dlpack, CuteDSL's memref descriptor) on addresses it has not seen before,
 the first and second call of the compiled kernel with those new tensors, and
 the plugin's first and second enqueue (fresh plugin, fresh buffers) driven
-through the labelled TensorRT stand-in of tests/trt_standin.py. 128 x 1024 fp16.
+through the labelled TensorRT stand-in of support/trt_standin.py. 128 x 1024 fp16.
 
 bench_rms_norm.py times a new context's first enqueue right after thousands of
 steady enqueues, and gets about 3x what the back-to-back loop here gets. The
@@ -26,16 +26,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import trt_standin  # noqa: E402
 from bench_rms_norm import standin_plugin_args  # noqa: E402
-from conftest import load_sample  # noqa: E402
+from support import trt_standin  # noqa: E402
+from support.sample_loader import load_sample  # noqa: E402
 
 TOKENS, HIDDEN, EPS = 128, 1024, 1e-5
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Time this checkout's kernel against another checkout's, interleaved in one process on one GPU.
+
+Each checkout's sample is imported from its own file (nothing is patched), both
+kernels run on the same inputs, and every round times each shape with both,
+alternating which goes first. The ratio new / base per shape is the median over
+rounds, so clock drift between rounds cancels out.
+
+    git worktree add /tmp/base <commit>          # or: git archive <commit> | tar x -C /tmp/base
+    python3 benchmarks/experiments/compare_checkouts.py /tmp/base [--rounds 5]
+"""
+
+import argparse
+import importlib.util
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+from bench_rms_norm import EPS, EXTRA_SHAPES, TABLE_SHAPES, time_device  # noqa: E402
+
+
+def load(path: pathlib.Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path / "rms_norm_plugin_cutedsl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", type=pathlib.Path, help="root of the other checkout")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    samples = {"base": load(args.base.resolve(), "sample_base"), "new": load(ROOT, "sample_new")}
+    print(f"| dtype | tokens x hidden | base us | new us | new / base (median of {args.rounds}) | max |")
+    print("|---|---|---|---|---|---|")
+    worst = 0.0
+    for dtype in ("float16", "bfloat16"):
+        for tokens, hidden in TABLE_SHAPES + EXTRA_SHAPES:
+            x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, dtype))
+            w = torch.rand(hidden, device="cuda") + 0.5
+            ys = {name: torch.empty_like(x) for name in samples}
+            calls = {}
+            for name, s in samples.items():
+                kernel = s.compile_rms_norm(dtype, hidden, EPS)
+                args_ = (s.from_dlpack(x, assumed_align=16), s.from_dlpack(w, assumed_align=16),
+                         s.from_dlpack(ys[name], assumed_align=16), tokens)
+                calls[name] = lambda k=kernel, a=args_, s=s: k(
+                    *a, s.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+                calls[name]()
+            torch.cuda.synchronize()
+            assert torch.equal(ys["base"], ys["new"]), f"outputs differ at {dtype} {tokens}x{hidden}"
+            times = {name: [] for name in samples}
+            for r in range(args.rounds):
+                for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
+                    times[name].append(time_device(calls[name], tokens, hidden))
+            ratios = [n / b for n, b in zip(times["new"], times["base"])]
+            ratio = statistics.median(ratios)
+            worst = max(worst, ratio)
+            print(f"| {dtype} | {tokens}x{hidden} | {statistics.median(times['base']):.2f} | "
+                  f"{statistics.median(times['new']):.2f} | {ratio:.4f} | {max(ratios):.4f} |", flush=True)
+    print(f"worst median ratio new / base: {worst:.4f}")
+
+
+if __name__ == "__main__":
+    main()

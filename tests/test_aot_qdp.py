@@ -1,0 +1,222 @@
+"""CPU: the AOT flavor's op driven by TensorRT's own ``tensorrt.plugin`` code, as a TensorRT build drives it.
+
+``tensorrt.plugin`` is pure Python inside the tensorrt-cu12-bindings wheel on
+PyPI. It cannot be imported as a whole without libnvinfer, so the wheel is
+downloaded once per session (pip download, into the pytest cache), and its
+``tensorrt/plugin`` modules are loaded from it with the labelled double of
+tests/trt_qdp_double.py as their ``tensorrt`` (only the C++-backed enums,
+structs and symbolic-shape classes are doubles). The calls below are what
+TensorRT makes during a build of an AOT plugin (network.add_plugin with
+aot=True): the creator's create_plugin with the serialized attributes,
+get_output_data_types, get_output_shapes with a symbolic token count and a
+constant hidden size, get_supported_format_combinations, configure_plugin,
+set_tactic, get_launch_params and get_kernel.
+
+The expected launch dimensions are derived by hand below from the kernel's
+design (README "Kernel design"), not read from the sample.
+"""
+
+import importlib.util
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import numpy as np
+import pytest
+
+import rms_norm_aot_cutedsl as aot
+import rms_norm_plugin_cutedsl as sample
+import trt_qdp_double
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")  # in the wheels
+ARCH = "sm_90a"
+EPS = 2.0 ** -15  # exact in float32; PTX writes it as 0f38000000
+
+
+def pinned_tensorrt_version() -> str:
+    (version,) = re.findall(r"^tensorrt-cu12==([\d.]+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    return version
+
+
+PINNED = pinned_tensorrt_version()
+# 10.9 is the first release with AOT plugins; 11.1 the last whose float attributes break on NumPy 2.4.
+VERSIONS = [PINNED, "11.1.0.106", "10.9.0.34"]
+
+
+@pytest.fixture(scope="session")
+def bindings_wheels(pytestconfig):
+    """version -> the tensorrt/plugin directory of that tensorrt-cu12-bindings wheel, downloaded once.
+
+    Only the wheel's Python files are used, so the wheel for Python 3.11 on Linux x86_64 serves any machine.
+    """
+    if getattr(pytestconfig, "cache", None) is not None:
+        cache = pathlib.Path(pytestconfig.cache.mkdir("tensorrt-bindings-wheels"))
+    else:  # -p no:cacheprovider
+        cache = pathlib.Path(tempfile.gettempdir()) / "rms-norm-tensorrt-bindings-wheels"
+    found = {}
+
+    def plugin_dir(version):
+        if version in found:
+            return found[version]
+        target = cache / version
+        if not list(target.glob("*.whl")):
+            cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary=:all:",
+                   "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+                   f"tensorrt-cu12-bindings=={version}", "-d", str(target)]
+            if pathlib.Path("/etc/ssl/certs/ca-certificates.crt").exists():
+                cmd[4:4] = ["--cert", "/etc/ssl/certs/ca-certificates.crt"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if proc.returncode != 0:
+                pytest.skip(f"cannot download tensorrt-cu12-bindings=={version} from PyPI: "
+                            f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        (wheel,) = target.glob("*.whl")
+        unpacked = target / "unpacked"
+        if not unpacked.exists():
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(unpacked)
+        (found[version],) = unpacked.glob("*/plugin/__init__.py")
+        found[version] = found[version].parent
+        return found[version]
+
+    return plugin_dir
+
+
+def load_tensorrt_plugin(plugin_dir: pathlib.Path, trt, monkeypatch):
+    """Import the wheel's plugin package as ``tensorrt.plugin`` on top of the double ``trt`` (for one test)."""
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    for name in [m for m in sys.modules if m.startswith("tensorrt.plugin")]:
+        monkeypatch.delitem(sys.modules, name)
+    spec = importlib.util.spec_from_file_location("tensorrt.plugin", plugin_dir / "__init__.py",
+                                                  submodule_search_locations=[str(plugin_dir)])
+    package = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tensorrt.plugin", package)
+    trt.plugin = package
+    spec.loader.exec_module(package)
+    for name in [m for m in sys.modules if m.startswith("tensorrt.plugin.")]:
+        monkeypatch.setitem(sys.modules, name, sys.modules[name])  # removed again after the test
+    return package
+
+
+@pytest.fixture(params=VERSIONS)
+def trtp(request, bindings_wheels, monkeypatch):
+    """(double tensorrt, real tensorrt.plugin) with the AOT op registered, for each TensorRT version."""
+    trt = trt_qdp_double.make_tensorrt(request.param)
+    package = load_tensorrt_plugin(bindings_wheels(request.param), trt, monkeypatch)
+    monkeypatch.setattr(aot, "_REGISTERED", False)
+    aot.register_aot_op(ARCH)
+    return trt, package
+
+
+def built_aot_plugin(trt, trtp, epsilon):
+    """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT."""
+    op = trtp.op.rms_norm_cutedsl.rms_norm
+    eps = np.array([epsilon], dtype=np.float32)
+    make = op(trt.ITensor(), trt.ITensor(), epsilon=eps)
+    _, _, plugin = make(trt.QuickPluginCreationRequest.STRICT_AOT)
+    return plugin
+
+
+def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
+    desc = trt.DynamicPluginTensorDesc()
+    desc.desc.type, desc.desc.format, desc.desc.dims = dtype, trt.TensorFormat.LINEAR, dims
+    desc.min, desc.opt, desc.max = lo or dims, opt or dims, hi or dims
+    return desc
+
+
+def build(trt, plugin, hidden, io_type, x_shape=None):
+    """Drive the plugin through a build's calls; returns (output shape exprs, launch params, extra args, kernel)."""
+    builder = trt.IExprBuilder()
+    tokens = trt_qdp_double.SymbolicDim("num_tokens")
+    x_dims = x_shape if x_shape is not None else trt.DimsExprs([tokens, builder.constant(hidden)])
+    w_dims = trt.DimsExprs([builder.constant(hidden)])
+    assert plugin.get_output_data_types([io_type, trt.DataType.FLOAT], [2, 1]) == [io_type]
+    (y_dims,) = plugin.get_output_shapes([x_dims, w_dims], [], builder)
+    in_out = [io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden)),
+              io_desc(trt, trt.DataType.FLOAT, (hidden,)),
+              io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))]
+    formats = plugin.get_supported_format_combinations(in_out, 2)
+    plugin.configure_plugin(in_out[:2], in_out[2:])
+    plugin.set_tactic(0)
+    launch, extra = trt.KernelLaunchParams(), trt.ISymExprs()
+    plugin.get_launch_params([x_dims, w_dims], in_out, 2, launch, extra, builder)
+    name, ptx = plugin.get_kernel([d.desc for d in in_out[:2]], [in_out[2].desc])
+    return y_dims, formats, launch, extra, (name, ptx)
+
+
+def f32_literal(value):
+    return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
+
+
+# Hand-derived launch shapes. hidden 1024 (2 KB rows, fp16/bf16): 8-element vectors, 128 per row, short
+# row -> 2 per thread -> 64 threads per row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps
+# x 2 rows of shared memory. hidden 4096 (8 KB rows, staged): 256 threads per row, 1 row per CTA, the row in
+# shared memory (8192 bytes) plus 4 bytes x 8 warps.
+LAUNCH = {1024: (2, 128, 16), 4096: (1, 256, 8192 + 32)}
+
+
+@pytest.mark.parametrize("hidden", sorted(LAUNCH))
+@pytest.mark.parametrize("io", ["HALF", "BF16"])
+def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io):
+    trt, package = trtp
+    io_type = getattr(trt.DataType, io)
+    plugin = built_aot_plugin(trt, package, EPS)
+    y_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type)
+
+    assert y_dims[1].is_constant() and y_dims[1].get_constant_value() == hidden
+    assert not y_dims[0].is_constant()
+    combos = {tuple(d.type for d in formats[i:i + 3]) for i in range(0, len(formats), 3)}
+    assert combos == {(trt.DataType.HALF, trt.DataType.FLOAT, trt.DataType.HALF),
+                      (trt.DataType.BF16, trt.DataType.FLOAT, trt.DataType.BF16)}
+    assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
+
+    ptx = ptx.decode()
+    assert re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M) == [name]
+    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M) and re.search(r"^\.version 8\.0$", ptx, re.M)
+    assert f32_literal(EPS) in ptx, "epsilon is baked into the PTX"
+    assert ("ld.global.v4.b32" in ptx or "cp.async" in ptx) and "cvt.rn." + ("f16" if io == "HALF" else "bf16") in ptx
+
+    rows_per_cta, block, smem = LAUNCH[hidden]
+    assert launch.block_x.expr.get_constant_value() == block
+    assert re.search(rf"\.reqntid {block}, 1, 1", ptx)
+    assert launch.shared_mem.expr.get_constant_value() == smem
+    for name_ in ("grid_y", "grid_z", "block_y", "block_z"):
+        assert getattr(launch, name_).expr.get_constant_value() == 1
+    for tokens in (1, 2, 37, 128, 511, 512):
+        assert launch.grid_x.expr.evaluate(num_tokens=tokens) == -(-tokens // rows_per_cta)
+    assert extra.nbSymExprs == 1
+    assert extra[0].dtype == trt.PluginArgDataType.INT32 and extra[0].type == trt.PluginArgType.INT
+    assert [extra[0].expr.evaluate(num_tokens=n) for n in (1, 37, 512)] == [1, 37, 512]
+
+
+def test_a_dynamic_hidden_size_is_refused(trtp):
+    trt, package = trtp
+    plugin = built_aot_plugin(trt, package, EPS)
+    dynamic = trt.DimsExprs([trt_qdp_double.SymbolicDim("num_tokens"), trt_qdp_double.SymbolicDim("hidden")])
+    with pytest.raises(ValueError, match="hidden dimension must be static"):
+        build(trt, plugin, 1024, trt.DataType.HALF, x_shape=dynamic)
+
+
+def test_every_registered_attribute_reaches_aot_impl(trtp):
+    """get_launch_params passes all registered attributes positionally: the lists must stay equal."""
+    trt, package = trtp
+    definition = package._lib.QDP_REGISTRY[aot.OP_NAME]
+    assert list(definition.input_attrs) == definition.aot_impl_attr_names == definition.autotune_attr_names
+
+
+def test_the_epsilon_attribute_reaches_the_kernel_as_float32(trtp):
+    trt, package = trtp
+    _, _, _, _, (_, ptx) = build(trt, built_aot_plugin(trt, package, 0.1), 1024, trt.DataType.HALF)
+    assert f32_literal(0.1) in ptx.decode()
+
+
+def test_tensorrt_10_8_is_refused_with_the_version_needed(bindings_wheels, monkeypatch):
+    """10.8 has tensorrt.plugin but no aot_impl: one sentence naming 10.9, before any build."""
+    trt = trt_qdp_double.make_tensorrt("10.8.0.43", aot=False)
+    load_tensorrt_plugin(bindings_wheels("10.8.0.43"), trt, monkeypatch)
+    with pytest.raises(sample.UsageError, match=r"TensorRT 10\.8\.0\.43 .*10\.9 or newer"):
+        aot.check_aot_support()
+
