@@ -2,8 +2,9 @@
 
 The README is read next to the sample, so it must not drift from it: its
 Python snippets are copied from the two sample files, its flags table lists
-the script's flags, and its test command is the one CI runs. Each check reads
-the README and the code as they are; none keeps its own copy of either.
+the script's flags, its test command is the one CI runs, its performance
+table quotes the committed results, and the files it names exist. Each check
+reads the README and the code as they are; none keeps its own copy of either.
 """
 
 import pathlib
@@ -141,6 +142,29 @@ def test_readme_test_command_is_the_one_ci_runs(readme):
     in_readme, in_ci = readme_test_commands(readme), pytest_lines(CI_SCRIPT.read_text())
     assert in_readme, "README.md's Tests section shows no pytest command"
     assert in_readme == in_ci, f"README runs {in_readme}, .ci/run runs {in_ci}"
+
+
+def markdown_rows(text):
+    """The cells of every Markdown table row in `text` (header and separator rows included)."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|")]
+
+
+def performance_rows_not_in_results(readme_text, results_text):
+    """README performance rows (fp16) whose figures differ from the committed results' row for that shape."""
+    section = re.search(r"^## Performance\n(.*?)(?=^## |\Z)", readme_text, re.M | re.S)
+    assert section, "README.md has no '## Performance' section"
+    results = {(row[0], row[1]): row[2:7] for row in markdown_rows(results_text) if len(row) >= 7}
+    readme_rows = [row for row in markdown_rows(section.group(1)) if re.fullmatch(r"\d+ × \d+", row[0])]
+    assert readme_rows, "README.md's performance table has no 'tokens × hidden' rows"
+    return [row for row in readme_rows
+            if results.get(("float16", row[0].replace(" × ", "x"))) != row[1:6]]
+
+
+def test_performance_table_quotes_the_committed_results(readme):
+    results = (ROOT / "benchmarks" / "results" / "h200.md").read_text()
+    differing = performance_rows_not_in_results(readme, results)
+    assert not differing, f"README performance rows not in benchmarks/results/h200.md (float16): {differing}"
 
 
 def test_every_relative_link_and_named_file_exists(readme):
