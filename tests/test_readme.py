@@ -144,6 +144,17 @@ def test_readme_test_command_is_the_one_ci_runs(readme):
     assert in_readme == in_ci, f"README runs {in_readme}, .ci/run runs {in_ci}"
 
 
+def test_run_output_shows_the_plan_the_sample_compiles(readme):
+    import rms_norm_plugin_cutedsl as sample
+
+    section = re.search(r"^## Run it\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert section, "README.md has no '## Run it' section"
+    (output,) = [block for block in fenced_blocks(section.group(1), "") if "Inference result correct!" in block]
+    dtype, hidden = re.search(r"^RMSNorm (\w+), hidden (\d+),", output, re.M).groups()
+    plan = sample.plan_kernel(int(hidden), sample.DTYPES[dtype].bytes)
+    assert plan.describe() in output.splitlines()
+
+
 def markdown_rows(text):
     """The cells of every Markdown table row in `text` (header and separator rows included)."""
     return [[cell.strip() for cell in line.strip().strip("|").split("|")]
