@@ -5,8 +5,6 @@ code (2), never a traceback; flags are checked before torch, CuteDSL or
 TensorRT is imported, so those errors come at once.
 """
 
-import argparse
-import json
 import subprocess
 import sys
 import time
