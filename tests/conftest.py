@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from skip_policy import pytest_collection_modifyitems, pytest_configure, pytest_runtest_makereport  # noqa: F401
+from skip_policy import (  # noqa: F401 (hooks)
+    pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"

@@ -89,3 +89,14 @@ def pytest_runtest_makereport(item, call):
     why = why.removeprefix("Skipped: ")
     report.outcome = "failed"
     report.longrepr = f"skipped in CI, where only gpu/trt marker skips are allowed: {why}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """In CI, a whole module skipped at import (a module-level importorskip) is a failure too."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci():
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where only gpu/trt marker skips are allowed: {why.removeprefix('Skipped: ')}"

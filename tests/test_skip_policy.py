@@ -36,13 +36,24 @@ def test_xfail():
 """
 
 
+MODULE_SKIP = """
+import pytest
+
+pytest.importorskip("a_package_that_is_not_installed")
+
+def test_never_collected():
+    pass
+"""
+
+
 @pytest.fixture
 def inner(pytester, monkeypatch):
     pytester.makeini("[pytest]\nmarkers =\n    gpu: g\n    trt: t\n")
-    pytester.makeconftest("from skip_policy import pytest_collection_modifyitems, pytest_runtest_makereport\n")
-    pytester.makepyfile(test_inner=INNER_TESTS)
+    pytester.makeconftest("from skip_policy import pytest_collection_modifyitems, pytest_make_collect_report, "
+                          "pytest_runtest_makereport\n")
 
-    def run(ci, reasons):
+    def run(ci, reasons, tests=INNER_TESTS):
+        pytester.makepyfile(test_inner=tests)
         monkeypatch.setattr(skip_policy, "marker_reasons", lambda: reasons)
         if ci:
             monkeypatch.setenv("CI", "true")
@@ -57,8 +68,8 @@ def test_in_ci_a_skip_without_its_marker_fails(inner):
     result = inner(ci=True, reasons={"gpu": "no CUDA GPU", "trt": "no TensorRT"})
     # A skip at setup (a skip mark) becomes an error, one inside the test a failure: both fail the run.
     result.assert_outcomes(passed=1, failed=1, errors=1, skipped=2, xfailed=1)
-    result.stdout.fnmatch_lines(["*only gpu/trt marker skips are allowed: ptxas (CUDA toolkit) not on PATH*",
-                                 "*only gpu/trt marker skips are allowed: tensorrt_rtx is not installed*"])
+    result.stdout.fnmatch_lines(["*only gpu/trt marker skips are allowed: tensorrt_rtx is not installed*",
+                                 "*only gpu/trt marker skips are allowed: ptxas (CUDA toolkit) not on PATH*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
@@ -72,6 +83,14 @@ def test_outside_ci_every_skip_stays_a_skip(inner):
     result = inner(ci=False, reasons={"gpu": "no CUDA GPU", "trt": "no TensorRT"})
     result.assert_outcomes(passed=1, skipped=4, xfailed=1)
     assert result.ret == pytest.ExitCode.OK
+
+
+def test_in_ci_a_module_skipped_at_import_fails(inner):
+    result = inner(ci=True, reasons={"gpu": "no CUDA GPU", "trt": "no TensorRT"}, tests=MODULE_SKIP)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*only gpu/trt marker skips are allowed: *a_package_that_is_not_installed*"])
+    assert result.ret != pytest.ExitCode.OK
+    assert inner(ci=False, reasons={}, tests=MODULE_SKIP).ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
 def test_the_nvcc_wheels_ptxas_is_found(monkeypatch):
