@@ -953,11 +953,14 @@ def engine_record(args: argparse.Namespace, flavor: str, plugin: str) -> dict:
 
 def save_engine(path: str, data: bytes, record: dict):
     """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json."""
-    with open(path, "wb") as f:
-        f.write(data)
-    with open(path + ".json", "w") as f:
-        json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
-        f.write("\n")
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+        with open(path + ".json", "w") as f:
+            json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        raise UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
 
 
 def check_saved_engine(path: str, record: dict):
@@ -974,9 +977,13 @@ def check_saved_engine(path: str, record: dict):
         raise UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
     if not isinstance(saved, dict) or set(saved) != set(record) | {"sha256"}:
         raise UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
-    with open(path, "rb") as f:
-        if hashlib.sha256(f.read()).hexdigest() != saved["sha256"]:
-            raise UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; {redo}")
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
+    if digest != saved["sha256"]:
+        raise UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; {redo}")
     differ = [key for key in record if saved[key] != record[key]]
     if differ:
         def show(values):

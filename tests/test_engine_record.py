@@ -69,6 +69,12 @@ def test_a_plugin_version_bump_is_refused(saved):
         sample.check_saved_engine(saved, wanted)
 
 
+def test_a_save_that_fails_is_one_sentence(tmp_path):
+    """The directory was checked before the build; it may still be gone by the time the engine is saved."""
+    with pytest.raises(sample.UsageError, match="cannot save the engine to .*No such file or directory"):
+        sample.save_engine(str(tmp_path / "gone" / "rms.engine"), ENGINE_BYTES, record())
+
+
 def test_an_engine_without_a_record_is_refused(tmp_path):
     path = tmp_path / "old.engine"
     path.write_bytes(ENGINE_BYTES)
