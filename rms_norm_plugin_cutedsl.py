@@ -939,10 +939,10 @@ def load_engine(path: str):
 # it and a hash of the engine's bytes, and checked before anything is loaded.
 
 
-def engine_record(args: argparse.Namespace, flavor: str, plugin: str) -> dict:
-    """What shaped an engine: the flavor, the plugin it needs, and every flag that went into it."""
+def engine_record(args: argparse.Namespace, source: str, plugin: str) -> dict:
+    """What shaped an engine: its source (as in build_engine, or "aot"), the plugin it needs, every flag."""
     return {
-        "flavor": flavor,
+        "source": source,
         "plugin": plugin,
         "dtype": args.dtype,
         "hidden": args.hidden_dim,
@@ -1138,7 +1138,8 @@ def main(args: argparse.Namespace) -> int:
     """Exit code 0 every run matched NumPy, 1 one did not, 2 usage, environment or TensorRT error."""
     try:
         reuse = bool(args.engine) and os.path.exists(args.engine)
-        record = engine_record(args, "onnx" if args.from_onnx else "network", f"{PLUGIN_NAME} v{PLUGIN_VERSION}")
+        source = "onnx" if args.from_onnx else "plugin"
+        record = engine_record(args, source, f"{PLUGIN_NAME} v{PLUGIN_VERSION}")
         if reuse:
             check_saved_engine(args.engine, record)
         check_environment()
@@ -1149,7 +1150,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             engine = build_engine(
                 args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon,
-                source="onnx" if args.from_onnx else "plugin",
+                source=source,
             )
             if args.engine:
                 save_engine(args.engine, engine.serialize(), record)

@@ -21,8 +21,8 @@ def flags(*argv):
     return sample.parse_args(list(argv))
 
 
-def record(*argv, flavor="network"):
-    return sample.engine_record(flags(*argv), flavor, f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
+def record(*argv, source="plugin"):
+    return sample.engine_record(flags(*argv), source, f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
 
 
 @pytest.fixture
@@ -39,23 +39,23 @@ def test_the_same_flags_reuse_the_engine(saved):
 
 def test_the_record_holds_every_flag_that_shapes_the_engine(saved):
     saved_record = json.load(open(saved + ".json"))
-    assert saved_record == {"flavor": "network", "plugin": "RmsNormPlugin v1", "dtype": "float16", "hidden": 1024,
+    assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16", "hidden": 1024,
                             "profile": [1, 128, 512], "epsilon": float(np.float32(1e-5)),
                             "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
 
 
-@pytest.mark.parametrize("argv,flavor,shown", [
-    (["--epsilon", "1e-3"], "network", "epsilon 1e-05, not epsilon 0.001"),
-    (["--dtype", "bfloat16"], "network", "dtype float16, not dtype bfloat16"),
-    (["--hidden-dim", "4096"], "network", "hidden 1024, not hidden 4096"),
-    (["--max-tokens", "1024"], "network", "profile [1, 128, 512], not profile [1, 128, 1024]"),
-    (["--opt-tokens", "64"], "network", "profile [1, 128, 512], not profile [1, 64, 512]"),
-    ([], "onnx", "flavor network, not flavor onnx"),
-    ([], "aot", "flavor network, not flavor aot"),
+@pytest.mark.parametrize("argv,source,shown", [
+    (["--epsilon", "1e-3"], "plugin", "epsilon 1e-05, not epsilon 0.001"),
+    (["--dtype", "bfloat16"], "plugin", "dtype float16, not dtype bfloat16"),
+    (["--hidden-dim", "4096"], "plugin", "hidden 1024, not hidden 4096"),
+    (["--max-tokens", "1024"], "plugin", "profile [1, 128, 512], not profile [1, 128, 1024]"),
+    (["--opt-tokens", "64"], "plugin", "profile [1, 128, 512], not profile [1, 64, 512]"),
+    ([], "onnx", "source plugin, not source onnx"),
+    ([], "aot", "source plugin, not source aot"),
 ])
-def test_a_flag_that_differs_is_refused(saved, argv, flavor, shown):
+def test_a_flag_that_differs_is_refused(saved, argv, source, shown):
     with pytest.raises(sample.UsageError, match="was built for") as info:
-        sample.check_saved_engine(saved, record(*argv, flavor=flavor))
+        sample.check_saved_engine(saved, record(*argv, source=source))
     assert shown in str(info.value)
 
 
@@ -97,14 +97,14 @@ def test_an_engine_replaced_after_its_record_was_written_is_refused(saved):
         sample.check_saved_engine(saved, record())
 
 
-@pytest.mark.parametrize("script,flavor", [(SAMPLE_PATH, "network"), (AOT_PATH, "aot")], ids=["plugin", "aot"])
-def test_the_scripts_refuse_a_different_epsilon_before_anything_else(tmp_path, script, flavor):
+@pytest.mark.parametrize("script,source", [(SAMPLE_PATH, "plugin"), (AOT_PATH, "aot")], ids=["plugin", "aot"])
+def test_the_scripts_refuse_a_different_epsilon_before_anything_else(tmp_path, script, source):
     """Run as a user runs it: one sentence and exit 2, before the GPU check (there is no GPU here)."""
     path = str(tmp_path / "rms.engine")
     import rms_norm_aot_cutedsl as aot
 
-    plugin = aot.OP_NAME if flavor == "aot" else "RmsNormPlugin v1"
-    sample.save_engine(path, ENGINE_BYTES, sample.engine_record(flags(), flavor, plugin))
+    plugin = aot.OP_NAME if source == "aot" else "RmsNormPlugin v1"
+    sample.save_engine(path, ENGINE_BYTES, sample.engine_record(flags(), source, plugin))
     code, out, err = run_script("--engine", path, "--epsilon", "1e-3", script=script)
     assert code == EXIT_USAGE
     assert_one_sentence(err, "was built for epsilon 1e-05, not epsilon 0.001")
@@ -113,9 +113,9 @@ def test_the_scripts_refuse_a_different_epsilon_before_anything_else(tmp_path, s
     assert_one_sentence(err, "no CUDA GPU")
 
 
-def test_the_aot_script_refuses_a_plugin_flavor_engine(tmp_path):
+def test_the_aot_script_refuses_a_python_plugin_engine(tmp_path):
     path = str(tmp_path / "rms.engine")
     sample.save_engine(path, ENGINE_BYTES, record())
     code, _, err = run_script("--engine", path, script=AOT_PATH)
     assert code == EXIT_USAGE
-    assert_one_sentence(err, "built for flavor network, plugin RmsNormPlugin v1, not flavor aot")
+    assert_one_sentence(err, "built for source plugin, plugin RmsNormPlugin v1, not source aot")

@@ -74,7 +74,7 @@ def test_a_file_that_is_not_an_engine_gives_one_sentence(tmp_path):
     import rms_norm_plugin_cutedsl as s
 
     bad = tmp_path / "bad.engine"  # saved with the default flags' record, so TensorRT gets to read it
-    s.save_engine(str(bad), b"not an engine" * 100, s.engine_record(s.parse_args([]), "network", "RmsNormPlugin v1"))
+    s.save_engine(str(bad), b"not an engine" * 100, s.engine_record(s.parse_args([]), "plugin", "RmsNormPlugin v1"))
     code, out, err = run_script("--engine", str(bad))
     assert code == 2
     assert "cannot deserialize engine file" in err and "Traceback" not in err
