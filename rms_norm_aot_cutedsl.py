@@ -40,15 +40,15 @@ import os
 import re
 import sys
 
+# The flags live in the sample, so here even --help waits for its imports (torch, CuteDSL).
 try:
     import rms_norm_plugin_cutedsl as sample
-except ImportError as exc:  # the shared kernel needs CuteDSL, torch and cupy
+except ImportError as exc:  # the sample's ImportError names the missing pip package in one sentence
     if __name__ != "__main__":
         raise
-    print(f"error: Python package '{exc.name}' is missing; install the sample's packages with "
-          "`pip install -r requirements.txt`", file=sys.stderr)
+    print(f"error: {exc}", file=sys.stderr)
     sys.exit(2)
-from rms_norm_plugin_cutedsl import EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE, UsageError
+from rms_norm_plugin_cutedsl import EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE, TensorRTError, UsageError
 
 OP_NAME = "rms_norm_cutedsl::rms_norm"
 
@@ -179,7 +179,8 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     y.name = "Y"
     network.mark_output(y)
     profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
-    return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+    with sample.tensorrt_stage("engine build"):
+        return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
 
 
 def check_aot_support():
@@ -212,30 +213,38 @@ def load_aot_engine(path: str):
 
 
 def main(argv=None) -> int:
+    """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
                                 "run it and check it against NumPy.")
     args = sample.validate_args(parser, parser.parse_args(argv))
     try:
+        reuse = bool(args.engine) and os.path.exists(args.engine)
+        record = sample.engine_record(args, "aot", OP_NAME)
+        if reuse:
+            sample.check_saved_engine(args.engine, record)
         sample.check_environment()
         check_aot_support()
-        if args.engine and os.path.exists(args.engine):
-            engine = load_aot_engine(args.engine)
+        if reuse:
+            with sample.tensorrt_stage("engine load"):
+                engine = load_aot_engine(args.engine)
             print(f"Loaded engine from {args.engine}")
         else:
-            engine = build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
-                                      args.max_tokens, args.epsilon)
+            with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
+                engine = build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
+                                          args.max_tokens, args.epsilon)
             if args.engine:
-                with open(args.engine, "wb") as f:
-                    f.write(engine.serialize())
-                print(f"Saved engine to {args.engine}; run it without Python plugins: "
-                      f"trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
-    except (UsageError, sample.EngineLoadError) as exc:
+                sample.save_engine(args.engine, engine.serialize(), record)
+                print(f"Saved engine to {args.engine} (and its record to {args.engine}.json); run it without "
+                      f"Python plugins: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
+        counts = sample.token_counts(args)
+        print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+              f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes).describe())
+        with sample.tensorrt_stage("execution context"):
+            correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+    except (UsageError, sample.EngineLoadError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    counts = sample.token_counts(args)
-    print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
-          f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-    correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
     print("Inference result correct!" if correct else "Inference result incorrect!")
     return EXIT_CORRECT if correct else EXIT_INCORRECT
 

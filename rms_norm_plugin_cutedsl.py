@@ -20,7 +20,7 @@ What you will learn
 What it runs on
 ---------------
 An NVIDIA GPU of compute capability 8.0 or newer (Ampere, Ada, Hopper,
-Blackwell), TensorRT 10.x or 11.x, CUDA 12 or 13, Python 3.10+.
+Blackwell), TensorRT 10.x or 11.x, CUDA 12 or 13, Python 3.11 to 3.13.
 
 How to run it
 -------------
@@ -31,23 +31,27 @@ How to run it
 
 Exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment
 error (bad flag, no GPU, GPU older than SM80, missing package, unreadable
-engine). ``--help`` lists the flags.
+engine or one saved with other flags, a step TensorRT refused). ``--help``
+lists the flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import json
 import math
 import os
+import struct
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 
-import numpy as np
-
 EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
 DEFAULT_EPSILON = 1e-5
+MAX_HIDDEN = 32768  # the longest row the kernel holds (see plan_kernel); here so the flags can check it early
 
 
 @dataclass(frozen=True)
@@ -79,10 +83,125 @@ class EngineLoadError(RuntimeError):
     """A saved engine that cannot be used; main() turns it into exit code 2."""
 
 
-# The kernel half of the file needs CuteDSL, torch and cupy; TensorRT and
+class TensorRTError(RuntimeError):
+    """TensorRT refused a step (network definition, ONNX parse, build, load, run); main() exits 2."""
+
+
+# %% [0] Flags ------------------------------------------------------------------
+#
+# Everything up to the heavy imports below uses the standard library only, so
+# that --help and a mistyped flag answer at once instead of after the seconds
+# torch, CuteDSL and TensorRT take to import. rms_norm_aot_cutedsl.py shares
+# these flags.
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        """One sentence on stderr and exit code 2, instead of argparse's usage dump."""
+        self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every flavor of this sample shares (rms_norm_aot_cutedsl.py uses it too)."""
+    parser = _ArgumentParser(
+        description=description,
+        epilog="exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment error",
+    )
+    parser.add_argument("--hidden-dim", type=int, default=1024, help="hidden size H, static in the engine (default 1024)")
+    parser.add_argument("--num-tokens", type=int, default=128, help="tokens in the main run (default 128)")
+    parser.add_argument("--min-tokens", type=int, default=1, help="profile minimum (default 1)")
+    parser.add_argument("--opt-tokens", type=int, default=128, help="profile optimum (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="profile maximum (default 512)")
+    parser.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="X/Y dtype (default float16)")
+    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
+    parser.add_argument("--engine", metavar="PATH",
+                        help="load the engine from PATH if it exists (checked against PATH.json, the record of the "
+                             "flags it was built with), else build it and save both there")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    return parser
+
+
+def validate_epsilon(value) -> float:
+    """Return epsilon as the float32 value the kernel uses, or raise ValueError (flags, plugin fields, compile)."""
+    try:
+        epsilon = struct.unpack("f", struct.pack("f", float(value)))[0]
+    except OverflowError:  # beyond float32's range
+        epsilon = math.inf
+    except (TypeError, ValueError):
+        raise ValueError(f"field 'epsilon' must be a number, got {value!r}") from None
+    if not (math.isfinite(epsilon) and epsilon > 0.0):
+        raise ValueError(f"field 'epsilon' must be finite and > 0 in float32, got {value!r}")
+    return epsilon
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Refuse (one sentence, exit 2) what TensorRT would otherwise refuse later or not at all."""
+    if not 1 <= args.hidden_dim <= MAX_HIDDEN:
+        parser.error(f"--hidden-dim must be in [1, {MAX_HIDDEN}], got {args.hidden_dim}")
+    if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
+        parser.error(
+            f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, "
+            f"got {args.min_tokens}, {args.opt_tokens}, {args.max_tokens}"
+        )
+    if not args.min_tokens <= args.num_tokens <= args.max_tokens:
+        parser.error(f"--num-tokens {args.num_tokens} is outside the profile [{args.min_tokens}, {args.max_tokens}]")
+    try:
+        validate_epsilon(args.epsilon)
+    except ValueError:
+        parser.error(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}")
+    if args.engine:
+        # Found before the build, not after it: the engine is saved only once it is built.
+        if os.path.exists(args.engine):
+            if not os.path.isfile(args.engine):
+                parser.error(f"--engine '{args.engine}' exists but is not a file")
+        else:
+            folder = os.path.dirname(os.path.abspath(args.engine))
+            if not os.path.exists(folder):
+                parser.error(f"--engine '{args.engine}': directory '{folder}' does not exist")
+            if not os.path.isdir(folder):
+                parser.error(f"--engine '{args.engine}': '{folder}' is not a directory")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                parser.error(f"--engine '{args.engine}': directory '{folder}' is not writable")
+    return args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The plugin flavor's flags: the shared ones plus how to build and what to compare against."""
+    parser = make_parser("Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.")
+    parser.add_argument("--from-onnx", action="store_true",
+                        help="build through TensorRT's ONNX parser from a one-node ONNX model (needs onnx)")
+    parser.add_argument("--compare-builtin", action="store_true",
+                        help="also build RMSNorm from TensorRT's own layers, check it and time both engines")
+    return validate_args(parser, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before the heavy imports: --help and flag errors must not wait for torch
+
+
+# pip's name for each package this file imports, where a user could not guess it from the import.
+PIP_NAMES = {"cuda": "cuda-python", "cupy": "cupy-cuda12x (cupy-cuda13x for CUDA 13)", "cutlass": "nvidia-cutlass-dsl",
+             "tensorrt": "tensorrt-cu12 (tensorrt-cu13 for CUDA 13)"}
+
+
+def import_error_message(exc: ImportError) -> str:
+    """One sentence naming the pip package behind a failed import and how to install the sample's set."""
+    install = ("install the sample's set with `pip install -r requirements.txt` (CUDA 12) or "
+               "`pip install -r requirements-cu13.txt` (CUDA 13)")
+    module = (exc.name or "").partition(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and module:
+        return f"the Python package {PIP_NAMES.get(module, module)} is not installed (import '{exc.name}' failed); {install}"
+    # Installed but not loadable: a missing shared library, or a version without a name this file imports.
+    detail = " ".join(str(exc).split())
+    return f"a package of this sample failed to import ({detail}); {install} in a fresh virtual environment"
+
+
+# The kernel half of the file needs NumPy, CuteDSL, torch and cupy; TensorRT and
 # Polygraphy only the plugin and engine half. Run as a script, a missing
-# package is one sentence and exit code 2; imported (by a test), an ImportError.
+# package is one sentence and exit code 2; imported, an ImportError saying the same.
 try:
+    import numpy as np
+
     import cuda.bindings.driver as cuda
     import cupy as cp
     import torch
@@ -93,11 +212,10 @@ try:
     from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import from_dlpack
 except ImportError as exc:
-    if __name__ != "__main__":
-        raise
-    print(f"error: Python package '{exc.name}' is missing; install the sample's packages with "
-          "`pip install -r requirements.txt`", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    if __name__ == "__main__":
+        print(f"error: {import_error_message(exc)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    raise ImportError(import_error_message(exc), name=exc.name) from exc
 
 try:
     import tensorrt as trt
@@ -162,9 +280,8 @@ STAGED_ROW_BYTES = 12288        # tuned: longer rows up to this size stage X in 
 STAGED_THREADS_PER_ROW = 256    # tuned: a staged row is split over 8 warps
 EARLY_WEIGHT_ROW_BYTES = 16384  # tuned: up to this size W is loaded before the reduction, longer rows after it
 MIN_CTA_THREADS = 128           # tuned: short rows are packed until a CTA has this many threads
-
-# The whole row in registers: 1024 threads x 4 vectors x 8 fp16/bf16 elements.
-MAX_HIDDEN = MAX_CTA_THREADS * LONG_ROW_VECS_PER_THREAD * VECTOR_BYTES // 2
+# MAX_HIDDEN (top of the file) is the longest row these hold in registers:
+# MAX_CTA_THREADS x LONG_ROW_VECS_PER_THREAD vectors of 8 fp16/bf16 elements.
 
 
 @dataclass(frozen=True)
@@ -420,17 +537,6 @@ def rms_norm_launch(
         block=[plan.cta_threads, 1, 1],
         stream=stream,
     )
-
-
-def validate_epsilon(value) -> float:
-    """Return epsilon as the float32 value the kernel will use, or raise ValueError."""
-    try:
-        epsilon = float(np.float32(value))
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be a number, got {value!r}") from None
-    if not (math.isfinite(epsilon) and epsilon > 0.0):
-        raise ValueError(f"{PLUGIN_NAME}: field 'epsilon' must be finite and > 0 in float32, got {value!r}")
-    return epsilon
 
 
 def gpu_arch() -> str:
@@ -825,14 +931,18 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
     keep_alive = None  # what TensorRT uses during the build but does not own (plugin, constant); freed on return
     if source == "onnx":
         register_creator()  # the parser looks the op up in the registry
-        network = network_from_onnx_bytes(make_onnx_model(hidden, dtype, epsilon), strongly_typed=True)
+        model = make_onnx_model(hidden, dtype, epsilon)
+        with tensorrt_stage("ONNX parse"):
+            network = network_from_onnx_bytes(model, strongly_typed=True)
     else:
-        builder, net = create_network(strongly_typed=True)
-        define = define_builtin_network if source == "builtin" else define_plugin_network
-        keep_alive = define(net, hidden, dtype, epsilon)
+        with tensorrt_stage("network definition"):
+            builder, net = create_network(strongly_typed=True)
+            define = define_builtin_network if source == "builtin" else define_plugin_network
+            keep_alive = define(net, hidden, dtype, epsilon)
         network = (builder, net)
     profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
-    return engine_from_network(network, config=CreateConfig(profiles=[profile]))
+    with tensorrt_stage("engine build"):
+        return engine_from_network(network, config=CreateConfig(profiles=[profile]))
 
 
 def load_engine(path: str):
@@ -858,12 +968,84 @@ def load_engine(path: str):
     return engine
 
 
-def engine_io(engine):
-    """(dtype, hidden, (min, opt, max) tokens) of an engine built by build_engine."""
-    dtype = next((d for d in ACTIVATION_DTYPES if trt_dtype(d) == engine.get_tensor_dtype("X")), None)
-    hidden = engine.get_tensor_shape("X")[1]
-    profile = engine.get_tensor_profile_shape("X", 0)
-    return dtype, hidden, tuple(shape[0] for shape in profile)
+# A saved engine is reused only with the flags it was built with. TensorRT
+# records the tensors' dtypes and profile but not what a plugin baked in
+# (epsilon lives in plugin fields, or in the PTX of the AOT flavor), so a JSON
+# record is written beside the engine (PATH.json) with every flag that shaped
+# it and a hash of the engine's bytes, and checked before anything is loaded.
+
+
+def engine_record(args: argparse.Namespace, source: str, plugin: str) -> dict:
+    """What shaped an engine: its source (as in build_engine, or "aot"), the plugin it needs, every flag."""
+    return {
+        "source": source,
+        "plugin": plugin,
+        "dtype": args.dtype,
+        "hidden": args.hidden_dim,
+        "profile": [args.min_tokens, args.opt_tokens, args.max_tokens],
+        "epsilon": validate_epsilon(args.epsilon),
+    }
+
+
+def save_engine(path: str, data: bytes, record: dict):
+    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+        with open(path + ".json", "w") as f:
+            json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        raise UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
+
+
+def check_saved_engine(path: str, record: dict):
+    """Raise UsageError unless `path`.json is this engine's record and matches `record` (the current flags)."""
+    record_path = path + ".json"
+    redo = f"delete '{path}' and '{record_path}' to rebuild"
+    try:
+        with open(record_path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"engine '{path}' has no record '{record_path}' of the flags it was built with; "
+                         f"{redo}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
+    if not isinstance(saved, dict) or set(saved) != set(record) | {"sha256"}:
+        raise UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
+    if digest != saved["sha256"]:
+        raise UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; {redo}")
+    differ = [key for key in record if saved[key] != record[key]]
+    if differ:
+        def show(values):
+            return ", ".join(f"{key} {values[key]:g}" if key == "epsilon" else f"{key} {values[key]}"
+                             for key in differ)
+        raise UsageError(f"engine '{path}' was built for {show(saved)}, not {show(record)}; "
+                         f"pass matching flags or {redo}")
+
+
+@contextlib.contextmanager
+def tensorrt_stage(stage: str):
+    """Turn any failure inside one TensorRT step into TensorRTError naming the step (main() exits 2).
+
+    TensorRT reports its own errors, including exceptions raised in a plugin's
+    callbacks, as log lines ('[E]' through Polygraphy) and then returns None,
+    which Polygraphy turns into an exception: that exception says little, the
+    log line says why.
+    """
+    try:
+        yield
+    except (UsageError, EngineLoadError, TensorRTError):
+        raise
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise TensorRTError(f"TensorRT failed at the {stage} stage ({type(exc).__name__}: {detail}); "
+                            "TensorRT's own message is the '[E]' line in the log above") from exc
 
 
 # %% [7] Run and check ----------------------------------------------------------
@@ -970,58 +1152,7 @@ def compare_engines(plugin_engine, builtin_engine, token_counts, hidden: int, dt
     print(f"For these shapes: {verdict}.")
 
 
-# %% [9] Command line -----------------------------------------------------------
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        """One sentence on stderr and exit code 2, instead of argparse's usage dump."""
-        self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
-
-
-def make_parser(description: str) -> argparse.ArgumentParser:
-    """The flags every flavor of this sample shares (rms_norm_aot_cutedsl.py uses it too)."""
-    parser = _ArgumentParser(
-        description=description,
-        epilog="exit codes: 0 every run matched NumPy, 1 a run did not, 2 usage or environment error",
-    )
-    parser.add_argument("--hidden-dim", type=int, default=1024, help="hidden size H, static in the engine (default 1024)")
-    parser.add_argument("--num-tokens", type=int, default=128, help="tokens in the main run (default 128)")
-    parser.add_argument("--min-tokens", type=int, default=1, help="profile minimum (default 1)")
-    parser.add_argument("--opt-tokens", type=int, default=128, help="profile optimum (default 128)")
-    parser.add_argument("--max-tokens", type=int, default=512, help="profile maximum (default 512)")
-    parser.add_argument("--dtype", choices=sorted(ACTIVATION_DTYPES), default="float16", help="X/Y dtype (default float16)")
-    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
-    parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists, else build and save it there")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
-    return parser
-
-
-def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """Refuse (one sentence, exit 2) what TensorRT would otherwise refuse later or not at all."""
-    if not 1 <= args.hidden_dim <= MAX_HIDDEN:
-        parser.error(f"--hidden-dim must be in [1, {MAX_HIDDEN}], got {args.hidden_dim}")
-    if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
-        parser.error(
-            f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, "
-            f"got {args.min_tokens}, {args.opt_tokens}, {args.max_tokens}"
-        )
-    if not args.min_tokens <= args.num_tokens <= args.max_tokens:
-        parser.error(f"--num-tokens {args.num_tokens} is outside the profile [{args.min_tokens}, {args.max_tokens}]")
-    try:
-        validate_epsilon(args.epsilon)
-    except ValueError:
-        parser.error(f"--epsilon must be finite and > 0, got {args.epsilon}")
-    return args
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = make_parser("Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.")
-    parser.add_argument("--from-onnx", action="store_true",
-                        help="build through TensorRT's ONNX parser from a one-node ONNX model (needs onnx)")
-    parser.add_argument("--compare-builtin", action="store_true",
-                        help="also build RMSNorm from TensorRT's own layers, check it and time both engines")
-    return validate_args(parser, parser.parse_args(argv))
+# %% [9] Command line: check, build or load, run ----------------------------------
 
 
 def token_counts(args) -> list:
@@ -1042,54 +1173,55 @@ def check_environment():
             "the CuteDSL kernel needs 8.0 (Ampere) or newer"
         )
     if trt is None:
-        raise UsageError("TensorRT is not installed; install it with `pip install -r requirements.txt`")
+        raise UsageError(import_error_message(ModuleNotFoundError(name="tensorrt")))
     try:
         import polygraphy.backend.trt  # noqa: F401
-    except ImportError:
-        raise UsageError("Polygraphy is not installed; install it with `pip install -r requirements.txt`") from None
+    except ImportError as exc:
+        raise UsageError(import_error_message(exc)) from None
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """Exit code 0 every run matched NumPy, 1 one did not, 2 usage, environment or TensorRT error."""
     try:
+        reuse = bool(args.engine) and os.path.exists(args.engine)
+        source = "onnx" if args.from_onnx else "plugin"
+        record = engine_record(args, source, f"{PLUGIN_NAME} v{PLUGIN_VERSION}")
+        if reuse:
+            check_saved_engine(args.engine, record)
         check_environment()
-        if args.engine and os.path.exists(args.engine):
-            engine = load_engine(args.engine)
-            built = engine_io(engine)
-            wanted = (args.dtype, args.hidden_dim, (args.min_tokens, args.opt_tokens, args.max_tokens))
-            if built != wanted:
-                raise UsageError(
-                    f"engine '{args.engine}' was built for dtype, hidden, profile = {built}, not {wanted}; "
-                    "pass matching flags or delete the file to rebuild"
-                )
+        if reuse:
+            with tensorrt_stage("engine load"):
+                engine = load_engine(args.engine)
             print(f"Loaded engine from {args.engine}")
         else:
             engine = build_engine(
                 args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon,
-                source="onnx" if args.from_onnx else "plugin",
+                source=source,
             )
             if args.engine:
-                with open(args.engine, "wb") as f:
-                    f.write(engine.serialize())
-                print(f"Saved engine to {args.engine}")
-    except (UsageError, EngineLoadError) as exc:
+                save_engine(args.engine, engine.serialize(), record)
+                print(f"Saved engine to {args.engine} and its record to {args.engine}.json")
+
+        counts = token_counts(args)  # all through one execution context
+        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+              f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+        print(plan_kernel(args.hidden_dim, DTYPES[args.dtype].bytes).describe())
+        with tensorrt_stage("execution context"):
+            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+        if args.compare_builtin:
+            print("Built-in layers (cast, x*x, reduce mean, + eps, sqrt, divide, * w, cast):")
+            builtin = build_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
+                                   args.epsilon, source="builtin")
+            with tensorrt_stage("execution context"):
+                correct &= run_and_check(builtin, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+                compare_engines(engine, builtin, (args.min_tokens, args.opt_tokens, args.max_tokens),
+                                args.hidden_dim, args.dtype)
+    except (UsageError, EngineLoadError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-
-    counts = token_counts(args)  # all through one execution context
-    print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
-          f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-    print(plan_kernel(args.hidden_dim, DTYPES[args.dtype].bytes).describe())
-    correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
-    if args.compare_builtin:
-        print("Built-in layers (cast, x*x, reduce mean, + eps, sqrt, divide, * w, cast):")
-        builtin = build_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                               args.epsilon, source="builtin")
-        correct &= run_and_check(builtin, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
-        compare_engines(engine, builtin, (args.min_tokens, args.opt_tokens, args.max_tokens), args.hidden_dim, args.dtype)
     print("Inference result correct!" if correct else "Inference result incorrect!")
     return EXIT_CORRECT if correct else EXIT_INCORRECT
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(ARGS))

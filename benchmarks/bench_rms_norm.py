@@ -11,12 +11,15 @@ call of the compiled kernel with prepared arguments, at 128x1024; and the first
 enqueue after on_shape_change, both for a new context (new buffers: the
 handoff runs) and for a shape change on buffers the context already used.
 
-    python3 benchmarks/bench_rms_norm.py [--out-dir benchmarks/results] [--quick]
+    python3 benchmarks/bench_rms_norm.py [--out-dir DIR] [--name NAME] [--quick]
+
+Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/h200.*).
+benchmarks/results/ holds the committed H200 run that README.md quotes; a new
+run never writes there unless named, so replacing it is a deliberate copy.
 """
 
 import argparse
 import json
-import os
 import pathlib
 import platform
 import statistics
@@ -133,10 +136,17 @@ def versions():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="h200")
+    parser.add_argument("--out-dir", default="bench-results",
+                        help="directory for NAME.md and NAME.json (default ./bench-results; created if missing)")
+    parser.add_argument("--name", default="h200", help="file name stem of the results (default h200)")
     parser.add_argument("--quick", action="store_true", help="fewer shapes, no torch.compile")
     args = parser.parse_args()
+    out = pathlib.Path(args.out_dir)
+    try:  # before the benchmark, not after it
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out-dir {out}: {exc.strerror}")
+    print(f"results will go to {out.resolve()}")
 
     import rms_norm_plugin_cutedsl as sample
     import torch.nn.functional as F
@@ -274,8 +284,6 @@ def main():
     emit(f"| plugin enqueue, first call after a shape change (same context and buffers) | {changed:.1f} | "
          f"{changed / bare:.2f} (first / steady {changed / enqueue:.2f}) |")
 
-    out = pathlib.Path(os.environ.get("OUT") or args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{args.name}.json").write_text(json.dumps(records, indent=1) + "\n")
     print(f"wrote {out / (args.name + '.md')} and {out / (args.name + '.json')}")

@@ -2,36 +2,10 @@
 
 import pytest
 
+from skip_policy import (  # noqa: F401 (hooks)
+    pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
+)
 from support.sample_loader import ROOT, SAMPLE_PATH, load_sample  # noqa: F401 (ROOT, SAMPLE_PATH: for tests)
-
-
-def _gpu_reason():
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    if torch.cuda.get_device_capability()[0] < 8:
-        return "GPU older than SM80"
-    return None
-
-
-def _trt_reason():
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return "real TensorRT is not installed (pip install -r requirements.txt on a GPU machine)"
-    return _gpu_reason()
-
-
-def pytest_collection_modifyitems(config, items):
-    gpu, trt = _gpu_reason(), _trt_reason()
-    for item in items:
-        if "trt" in item.keywords and trt:
-            item.add_marker(pytest.mark.skip(reason=f"trt: {trt}"))
-        elif "gpu" in item.keywords and gpu:
-            item.add_marker(pytest.mark.skip(reason=f"gpu: {gpu}"))
 
 
 @pytest.fixture(scope="session")

@@ -1,26 +1,30 @@
-"""CPU: the script run as a user runs it, on a machine without a GPU or with bad flags.
+"""CPU: the scripts run as a user runs them, on a machine without a GPU or with bad flags.
 
 Every user error must end in one sentence on stderr and the documented exit
-code (2), never a traceback.
+code (2), never a traceback; flags are checked before torch, CuteDSL or
+TensorRT is imported, so those errors come at once.
 """
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import SAMPLE_PATH
 
 EXIT_USAGE = 2
+AOT_PATH = SAMPLE_PATH.parent / "rms_norm_aot_cutedsl.py"
+HEAVY = ("torch", "cutlass", "cupy", "tensorrt", "numpy")
 
 
-def run_script(*args, prelude=None):
+def run_script(*args, prelude=None, script=SAMPLE_PATH, python_flags=()):
     if prelude is None:
-        cmd = [sys.executable, str(SAMPLE_PATH), *args]
+        cmd = [sys.executable, *python_flags, str(script), *args]
     else:  # run the file as __main__ after `prelude`, e.g. to hide a package
-        code = f"{prelude}\nimport runpy, sys\nsys.argv = [{str(SAMPLE_PATH)!r}, *{list(args)!r}]\n" \
-               f"runpy.run_path({str(SAMPLE_PATH)!r}, run_name='__main__')"
-        cmd = [sys.executable, "-c", code]
+        code = f"{prelude}\nimport runpy, sys\nsys.argv = [{str(script)!r}, *{list(args)!r}]\n" \
+               f"runpy.run_path({str(script)!r}, run_name='__main__')"
+        cmd = [sys.executable, *python_flags, "-c", code]
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     return proc.returncode, proc.stdout, proc.stderr
@@ -35,6 +39,18 @@ def assert_one_sentence(stderr, *needles):
         assert needle in lines[0], lines[0]
 
 
+# What the script imported before it exited, printed by an atexit hook (runs after sys.exit).
+REPORT_HEAVY_IMPORTS = (
+    "import atexit, sys\n"
+    f"atexit.register(lambda: print('HEAVY', sorted({{m.partition('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
+)
+
+
+def heavy_imports(stdout):
+    (line,) = [line for line in stdout.splitlines() if line.startswith("HEAVY ")]
+    return line
+
+
 def test_without_a_gpu_the_script_says_so_and_exits_2():
     code, out, err = run_script()
     assert code == EXIT_USAGE
@@ -43,41 +59,73 @@ def test_without_a_gpu_the_script_says_so_and_exits_2():
 
 
 def test_without_a_gpu_the_aot_script_says_so_and_exits_2():
-    aot_script = SAMPLE_PATH.parent / "rms_norm_aot_cutedsl.py"
-    proc = subprocess.run([sys.executable, str(aot_script)], capture_output=True, text=True, timeout=300,
-                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == EXIT_USAGE
-    assert_one_sentence(proc.stderr, "no CUDA GPU")
+    code, _, err = run_script(script=AOT_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "no CUDA GPU")
 
 
-@pytest.mark.parametrize(
-    "args,needle",
-    [
-        (["--num-tokens", "600"], "outside the profile [1, 512]"),
-        (["--num-tokens", "0"], "outside the profile"),
-        (["--min-tokens", "200", "--opt-tokens", "100"], "--min-tokens <= --opt-tokens"),
-        (["--opt-tokens", "600"], "--opt-tokens <= --max-tokens"),
-        (["--epsilon", "0"], "--epsilon"),
-        (["--epsilon", "-1e-5"], "--epsilon"),
-        (["--epsilon", "nan"], "--epsilon"),
-        (["--epsilon", "inf"], "--epsilon"),
-        (["--hidden-dim", "0"], "--hidden-dim"),
-        (["--hidden-dim", "40000"], "--hidden-dim"),
-        (["--dtype", "float32"], "--dtype"),
-        (["--num-tokens", "many"], "--num-tokens"),
-    ],
-)
-def test_bad_flags_get_one_sentence_and_exit_2(args, needle):
-    code, _, err = run_script(*args)
+BAD_FLAGS = [
+    (["--num-tokens", "600"], "outside the profile [1, 512]"),
+    (["--num-tokens", "0"], "outside the profile"),
+    (["--min-tokens", "200", "--opt-tokens", "100"], "--min-tokens <= --opt-tokens"),
+    (["--opt-tokens", "600"], "--opt-tokens <= --max-tokens"),
+    (["--epsilon", "0"], "--epsilon"),
+    (["--epsilon", "-1e-5"], "--epsilon"),
+    (["--epsilon", "nan"], "--epsilon"),
+    (["--epsilon", "inf"], "--epsilon"),
+    (["--epsilon", "1e-50"], "--epsilon"),  # > 0 as a double, 0 in float32
+    (["--epsilon", "1e39"], "--epsilon"),   # finite as a double, beyond float32
+    (["--hidden-dim", "0"], "--hidden-dim"),
+    (["--hidden-dim", "40000"], "--hidden-dim"),
+    (["--dtype", "float32"], "--dtype"),
+    (["--num-tokens", "many"], "--num-tokens"),
+    (["--engine", "/nonexistent/dir/x.engine"], "directory '/nonexistent/dir' does not exist"),
+    (["--engine", "/etc/hostname/x.engine"], "'/etc/hostname' is not a directory"),
+    (["--engine", "/tmp"], "'/tmp' exists but is not a file"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_FLAGS)
+def test_bad_flags_get_one_sentence_and_exit_2_before_any_heavy_import(args, needle):
+    code, out, err = run_script(*args, prelude=REPORT_HEAVY_IMPORTS)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, needle)
+    assert heavy_imports(out) == "HEAVY []"
+
+
+@pytest.mark.parametrize("args,needle", BAD_FLAGS[:2] + BAD_FLAGS[-3:])
+def test_the_aot_script_checks_the_same_flags(args, needle):
+    code, _, err = run_script(*args, script=AOT_PATH)
     assert code == EXIT_USAGE
     assert_one_sentence(err, needle)
 
 
-@pytest.mark.parametrize("package", ["cupy", "torch", "cutlass"])
-def test_missing_package_names_it_and_exits_2(package):
-    code, _, err = run_script(prelude=f"import sys; sys.modules[{package!r}] = None")
+def test_help_and_a_flag_error_return_well_under_a_second():
+    for args, expected_code in ((["--help"], 0), (["--dtype", "float32"], EXIT_USAGE)):
+        start = time.perf_counter()
+        code, out, _ = run_script(*args, prelude=REPORT_HEAVY_IMPORTS)
+        elapsed = time.perf_counter() - start
+        assert code == expected_code
+        assert heavy_imports(out) == "HEAVY []"
+        assert elapsed < 1.0, f"{args}: {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("package,pip_name", [
+    ("numpy", "numpy"), ("cuda", "cuda-python"), ("cupy", "cupy-cuda12x"), ("torch", "torch"),
+    ("cutlass", "nvidia-cutlass-dsl"),
+])
+@pytest.mark.parametrize("script", [SAMPLE_PATH, AOT_PATH], ids=["plugin", "aot"])
+def test_missing_package_names_its_pip_package_and_exits_2(package, pip_name, script):
+    code, _, err = run_script(prelude=f"import sys; sys.modules[{package!r}] = None", script=script)
     assert code == EXIT_USAGE
-    assert_one_sentence(err, f"'{package}'", "requirements.txt")
+    assert_one_sentence(err, f"package {pip_name} ", "pip install -r requirements.txt")
+
+
+def test_an_environment_without_site_packages_names_numpy_first():
+    """python -S: only the standard library, as in a fresh virtual environment."""
+    code, _, err = run_script(python_flags=["-S"])
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "package numpy ")
 
 
 def test_help_documents_the_exit_codes():

@@ -172,6 +172,13 @@ def test_out_of_range_hidden_is_refused(hidden):
         sample.plan_kernel(hidden)
 
 
+def test_max_hidden_is_the_longest_row_the_plan_holds_in_registers():
+    """The flags check MAX_HIDDEN before the plan exists; it must be the plan's real limit."""
+    plan = sample.plan_kernel(sample.MAX_HIDDEN)
+    assert plan.threads_per_row == 1024 and plan.vecs_per_thread * plan.vec * plan.threads_per_row == 32768
+    assert sample.MAX_HIDDEN == 32768
+
+
 def test_every_baked_in_value_is_in_the_compile_cache_key():
     a = sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a")
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a") is a

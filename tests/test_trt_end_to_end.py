@@ -87,8 +87,10 @@ def test_script_reuses_a_saved_engine(tmp_path):
 
 
 def test_a_file_that_is_not_an_engine_gives_one_sentence(tmp_path):
-    bad = tmp_path / "bad.engine"
-    bad.write_bytes(b"not an engine" * 100)
+    import rms_norm_plugin_cutedsl as s
+
+    bad = tmp_path / "bad.engine"  # saved with the default flags' record, so TensorRT gets to read it
+    s.save_engine(str(bad), b"not an engine" * 100, s.engine_record(s.parse_args([]), "plugin", "RmsNormPlugin v1"))
     code, out, err = run_script("--engine", str(bad))
     assert code == 2
     assert "cannot deserialize engine file" in err and "Traceback" not in err

@@ -1,0 +1,102 @@
+"""Which tests may skip, and where: marker skips for `gpu` and `trt`, no other skip in CI.
+
+Hooks for tests/conftest.py (it imports them), kept in their own module so
+tests/test_skip_policy.py can run them in an inner pytest session.
+"""
+
+import functools
+import os
+import pathlib
+import shutil
+
+import pytest
+
+
+def put_wheel_ptxas_on_path():
+    """Append the nvidia-cuda-nvcc wheel's bin/ (requirements-test.txt) to PATH when no ptxas is on it."""
+    if shutil.which("ptxas"):
+        return
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return
+    for root in map(pathlib.Path, nvidia.__path__):
+        for bin_dir in (root / "cu13" / "bin", root / "cuda_nvcc" / "bin"):  # CUDA 13 and CUDA 12 layouts
+            if (bin_dir / "ptxas").is_file():
+                os.environ["PATH"] = os.pathsep.join(filter(None, (os.environ.get("PATH"), str(bin_dir))))
+                return
+
+
+def _gpu_reason():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if torch.cuda.get_device_capability()[0] < 8:
+        return "GPU older than SM80"
+    return None
+
+
+def _trt_reason():
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return "real TensorRT is not installed (pip install -r requirements.txt on a GPU machine)"
+    return _gpu_reason()
+
+
+@functools.cache
+def marker_reasons():
+    """{marker: why its tests skip here, or None where they run}."""
+    return {"gpu": _gpu_reason(), "trt": _trt_reason()}
+
+
+def in_ci():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_configure(config):
+    put_wheel_ptxas_on_path()
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons = marker_reasons()
+    for item in items:
+        for marker in ("trt", "gpu"):
+            if marker in item.keywords and reasons[marker]:
+                item.add_marker(pytest.mark.skip(reason=f"{marker}: {reasons[marker]}"))
+                break
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (CI=true), a skip is a failure unless the test's gpu/trt marker explains it.
+
+    Anything else that skips (tensorrt_rtx, ptxas or a wheel download missing)
+    means the test set did not install what the tests need, which a green run
+    must not hide.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and in_ci()) or hasattr(report, "wasxfail"):
+        return
+    reasons = marker_reasons()
+    if any(marker in item.keywords and reasons[marker] for marker in ("gpu", "trt")):
+        return
+    why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    why = why.removeprefix("Skipped: ")
+    report.outcome = "failed"
+    report.longrepr = f"skipped in CI, where only gpu/trt marker skips are allowed: {why}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """In CI, a whole module skipped at import (a module-level importorskip) is a failure too."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci():
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where only gpu/trt marker skips are allowed: {why.removeprefix('Skipped: ')}"
