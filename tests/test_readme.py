@@ -1,0 +1,216 @@
+"""CPU: README.md says what the code does.
+
+The README is read next to the sample, so it must not drift from it: its
+Python snippets are copied from the two sample files, its flags table lists
+the script's flags, its test command is the one CI runs, its performance
+table quotes the committed results, and the files it names exist. Each check
+reads the README and the code as they are; none keeps its own copy of either.
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
+README = ROOT / "README.md"
+SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py")
+CI_SCRIPT = ROOT / ".ci" / "run"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def fenced_blocks(text, language):
+    """The bodies of the ```<language> blocks of a Markdown text."""
+    return [body for lang, body in FENCE.findall(text) if lang == language]
+
+
+def snippet_segments(block):
+    """A README snippet as runs of lines; a line that is only `...` stands for omitted lines."""
+    segments, current = [], []
+    for line in textwrap.dedent(block).splitlines():
+        if line.strip() == "...":
+            segments.append(current)
+            current = []
+        else:
+            current.append(line.rstrip())
+    segments.append(current)
+    return [segment for segment in segments if any(line.strip() for line in segment)]
+
+
+def find_segment(segment, lines, start):
+    """Index of the first line at or after `start` where `segment` occurs with one common indent, or -1."""
+    first = segment[0]
+    for i in range(start, len(lines) - len(segment) + 1):
+        if not lines[i].endswith(first) or lines[i][: len(lines[i]) - len(first)].strip():
+            continue
+        indent = lines[i][: len(lines[i]) - len(first)]
+        if all(
+            (lines[i + k].strip() == "" if not want.strip() else lines[i + k] == indent + want)
+            for k, want in enumerate(segment)
+        ):
+            return i
+    return -1
+
+
+def occurs_in(block, source_text):
+    """Whether every segment of `block` occurs in `source_text`, in order."""
+    lines = [line.rstrip() for line in source_text.splitlines()]
+    position = 0
+    for segment in snippet_segments(block):
+        found = find_segment(segment, lines, position)
+        if found < 0:
+            return False
+        position = found + len(segment)
+    return True
+
+
+def flags_table_flags(text):
+    """Every --flag named in the first column of the README table whose header starts with `flag`."""
+    flags, in_table = set(), False
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            in_table = False
+        elif cells[0].lower() == "flag":
+            in_table = True
+        elif in_table and not set(cells[0]) <= set("-: "):
+            flags.update(FLAG.findall(cells[0]))
+    return flags
+
+
+def pytest_lines(text):
+    """The uncommented lines of a shell text that run pytest, whitespace-normalized."""
+    return [" ".join(line.split()) for line in text.splitlines()
+            if "pytest" in line and not line.lstrip().startswith("#")]
+
+
+def readme_test_commands(text):
+    """The pytest lines of the README's ```bash blocks under its `## Tests` heading."""
+    section = re.search(r"^## Tests\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert section, "README.md has no '## Tests' section"
+    return [line for block in fenced_blocks(section.group(1), "bash") for line in pytest_lines(block)]
+
+
+@pytest.fixture(scope="module")
+def readme():
+    return README.read_text()
+
+
+@pytest.fixture(scope="module")
+def help_flags():
+    proc = subprocess.run([sys.executable, str(SAMPLE_PATH), "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return set(FLAG.findall(proc.stdout)) - {"--help"}
+
+
+# -- the checks, as functions of the texts, so each can be shown to fail on a drifted copy --------
+
+
+def snippets_not_in_sources(readme_text, sources):
+    return [block for block in fenced_blocks(readme_text, "python")
+            if not any(occurs_in(block, source) for source in sources)]
+
+
+def test_readme_walks_through_the_file_with_python_snippets(readme):
+    assert len(fenced_blocks(readme, "python")) >= 4
+
+
+def test_every_python_snippet_is_copied_verbatim_from_a_sample_file(readme):
+    sources = [path.read_text() for path in SNIPPET_SOURCES]
+    missing = snippets_not_in_sources(readme, sources)
+    assert not missing, "README snippets not found verbatim in the sample files:\n\n" + "\n---\n".join(missing)
+
+
+def test_every_flag_in_the_readme_table_is_a_flag_of_the_script(readme, help_flags):
+    table = flags_table_flags(readme)
+    assert table, "README.md has no flags table (a table whose first header cell is 'flag')"
+    assert table <= help_flags, f"in the README's table but not in --help: {sorted(table - help_flags)}"
+
+
+def test_every_flag_of_the_script_is_in_the_readme_table(readme, help_flags):
+    table = flags_table_flags(readme)
+    assert help_flags <= table, f"in --help but not in the README's table: {sorted(help_flags - table)}"
+
+
+def test_readme_test_command_is_the_one_ci_runs(readme):
+    in_readme, in_ci = readme_test_commands(readme), pytest_lines(CI_SCRIPT.read_text())
+    assert in_readme, "README.md's Tests section shows no pytest command"
+    assert in_readme == in_ci, f"README runs {in_readme}, .ci/run runs {in_ci}"
+
+
+def test_run_output_shows_the_plan_the_sample_compiles(readme):
+    import rms_norm_plugin_cutedsl as sample
+
+    section = re.search(r"^## Run it\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert section, "README.md has no '## Run it' section"
+    (output,) = [block for block in fenced_blocks(section.group(1), "") if "Inference result correct!" in block]
+    dtype, hidden = re.search(r"^RMSNorm (\w+), hidden (\d+),", output, re.M).groups()
+    plan = sample.plan_kernel(int(hidden), sample.DTYPES[dtype].bytes)
+    assert plan.describe() in output.splitlines()
+
+
+def markdown_rows(text):
+    """The cells of every Markdown table row in `text` (header and separator rows included)."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|")]
+
+
+def performance_rows_not_in_results(readme_text, results_text):
+    """README performance rows (fp16) whose figures differ from the committed results' row for that shape."""
+    section = re.search(r"^## Performance\n(.*?)(?=^## |\Z)", readme_text, re.M | re.S)
+    assert section, "README.md has no '## Performance' section"
+    results = {(row[0], row[1]): row[2:7] for row in markdown_rows(results_text) if len(row) >= 7}
+    readme_rows = [row for row in markdown_rows(section.group(1)) if re.fullmatch(r"\d+ × \d+", row[0])]
+    assert readme_rows, "README.md's performance table has no 'tokens × hidden' rows"
+    return [row for row in readme_rows
+            if results.get(("float16", row[0].replace(" × ", "x"))) != row[1:6]]
+
+
+def test_performance_table_quotes_the_committed_results(readme):
+    results = (ROOT / "benchmarks" / "results" / "h200.md").read_text()
+    differing = performance_rows_not_in_results(readme, results)
+    assert not differing, f"README performance rows not in benchmarks/results/h200.md (float16): {differing}"
+
+
+def test_every_relative_link_and_named_file_exists(readme):
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    files = re.findall(r"`((?:[\w.-]+/)*[\w-]+\.(?:py|txt|md))`", readme)
+    relative = [target for target in links + files if "://" not in target]
+    assert relative
+    missing = sorted({target for target in relative if not (ROOT / target).exists()})
+    assert not missing, f"README.md names files that do not exist: {missing}"
+
+
+# -- the checker itself, on small texts: a test that cannot fail guards nothing -------------------
+
+SOURCE = '''\
+class Plugin:
+    def enqueue(self, stream):
+        """Run time."""
+        key = 1
+
+        launch(key, stream)
+'''
+
+
+@pytest.mark.parametrize("block,found", [
+    ('def enqueue(self, stream):\n    """Run time."""\n    key = 1\n\n    launch(key, stream)\n', True),
+    ('class Plugin:\n    ...\n        launch(key, stream)\n', True),
+    ('    def enqueue(self, stream):\n        key = 1\n', False),           # a line left out without `...`
+    ('def enqueue(self, stream):\n    """Run time."""\n    key = 2\n', False),  # a changed value
+    ('launch(key, stream)\n...\nclass Plugin:\n', False),                    # segments out of order
+    ('def enqueue(self, stream):\n  """Run time."""\n', False),              # a changed indent
+])
+def test_snippet_matching(block, found):
+    assert occurs_in(block, SOURCE) is found
+
+
+def test_flags_table_parsing():
+    text = "| flag | default |\n|---|---|\n| `--a-b N` | 1 |\n| `--c / --d` | 2 |\n\n| x |\n|---|\n| `--e` |\n"
+    assert flags_table_flags(text) == {"--a-b", "--c", "--d"}
