@@ -13,7 +13,7 @@ constant hidden size, get_supported_format_combinations, configure_plugin,
 set_tactic, get_launch_params and get_kernel.
 
 The expected launch dimensions are derived by hand below from the kernel's
-design (README "Kernel design"), not read from the sample.
+design (docs/design.md, "Kernel design"), not read from the sample.
 """
 
 import importlib.util
