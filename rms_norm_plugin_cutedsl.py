@@ -62,15 +62,16 @@ class DTypeNames:
     torch: str           # torch dtype attribute
     cute: str            # cutlass numeric type
     cupy: str            # numpy/cupy dtype that carries the bytes (cupy has no bfloat16; the bits are never read)
+    onnx: str            # onnx.TensorProto element type
     bytes: int
     rtol: float | None   # check_output's tolerance relative to |ref|: one ulp of the output (see [7])
 
 
 # X and Y are fp16 or bf16 (ACTIVATION_DTYPES); the weight W is always float32.
 DTYPES = {
-    "float16": DTypeNames(trt="HALF", torch="float16", cute="Float16", cupy="float16", bytes=2, rtol=2.0 ** -10),
-    "bfloat16": DTypeNames(trt="BF16", torch="bfloat16", cute="BFloat16", cupy="int16", bytes=2, rtol=2.0 ** -7),
-    "float32": DTypeNames(trt="FLOAT", torch="float32", cute="Float32", cupy="float32", bytes=4, rtol=None),
+    "float16": DTypeNames(trt="HALF", torch="float16", cute="Float16", cupy="float16", onnx="FLOAT16", bytes=2, rtol=2.0 ** -10),
+    "bfloat16": DTypeNames(trt="BF16", torch="bfloat16", cute="BFloat16", cupy="int16", onnx="BFLOAT16", bytes=2, rtol=2.0 ** -7),
+    "float32": DTypeNames(trt="FLOAT", torch="float32", cute="Float32", cupy="float32", onnx="FLOAT", bytes=4, rtol=None),
 }
 ACTIVATION_DTYPES = ("float16", "bfloat16")
 
@@ -883,7 +884,7 @@ def define_builtin_network(network, hidden: int, dtype: str, epsilon: float):
     """
     x, w = _add_io(network, hidden, dtype)
     ew, op = network.add_elementwise, trt.ElementWiseOperation
-    xf = network.add_cast(x, trt.DataType.FLOAT).get_output(0)
+    xf = network.add_cast(x, trt_dtype("float32")).get_output(0)
     mean_sq = network.add_reduce(ew(xf, xf, op.PROD).get_output(0), trt.ReduceOperation.AVG, 1 << 1, True)
     eps = np.full((1, 1), epsilon, dtype=np.float32)
     var = ew(mean_sq.get_output(0), network.add_constant((1, 1), eps).get_output(0), op.SUM)
@@ -907,7 +908,7 @@ def make_onnx_model(hidden: int, dtype: str, epsilon: float) -> bytes:
         from onnx import TensorProto, helper
     except ImportError:
         raise UsageError("--from-onnx needs the onnx package; install it with `pip install onnx`") from None
-    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[dtype]
+    elem = getattr(TensorProto, DTYPES[dtype].onnx)
     node = helper.make_node(
         PLUGIN_NAME, ["X", "W"], ["Y"], name="rms_norm",
         epsilon=float(epsilon), plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE,
@@ -915,7 +916,7 @@ def make_onnx_model(hidden: int, dtype: str, epsilon: float) -> bytes:
     graph = helper.make_graph(
         [node], "rms_norm",
         [helper.make_tensor_value_info("X", elem, ["num_tokens", hidden]),
-         helper.make_tensor_value_info("W", TensorProto.FLOAT, [hidden])],
+         helper.make_tensor_value_info("W", getattr(TensorProto, DTYPES["float32"].onnx), [hidden])],
         [helper.make_tensor_value_info("Y", elem, ["num_tokens", hidden])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

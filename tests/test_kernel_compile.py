@@ -199,9 +199,11 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
 
 
 def test_dtype_table_names_the_same_type_in_every_library():
-    """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size; rtol is one ulp."""
+    """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size, ONNX names the same
+    type; rtol is one ulp."""
     import cutlass
     import numpy as np
+    import onnx
     import torch
 
     trt = pytest.importorskip("tensorrt_rtx")  # the same DataType members as tensorrt's
@@ -214,6 +216,7 @@ def test_dtype_table_names_the_same_type_in_every_library():
         if hasattr(np, name):  # numpy has no bfloat16: that one's carrier only needs the width
             assert np.dtype(row.cupy) == np.dtype(name)
         assert getattr(trt.DataType, row.trt).itemsize == row.bytes
+        assert str(onnx.helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, row.onnx))) == name
     for name in sample.ACTIVATION_DTYPES:
         assert sample.DTYPES[name].rtol == torch.finfo(getattr(torch, name)).eps
     assert sorted(sample.ACTIVATION_DTYPES) == ["bfloat16", "float16"]
