@@ -1,0 +1,154 @@
+"""The benchmark's shapes, its result records and issue 18's targets, without torch or a GPU.
+
+A record is one implementation timed at one shape and dtype, as bench_rms_norm.py writes it to JSON:
+{"impl", "dtype", "tokens", "hidden", "us" (median over rounds), "gbps", "rounds_us" (one time per round,
+rounds interleaved across implementations)}. Ratios between two implementations are the median of their
+per-round ratios, so that a drift of the GPU's speed between rounds cancels out.
+"""
+
+import statistics
+
+# The README's table; all of them are also in the matrix.
+TABLE_SHAPES = [(1, 1024), (128, 1024), (512, 1024), (4096, 4096), (16384, 4096), (32768, 8192)]
+MATRIX_HIDDENS = (1024, 1536, 2048, 4096, 5120, 8192, 10240, 12288, 16384)
+MATRIX_TOKENS = (1, 128, 512, 4096, 16384)
+SWEEP_TOKENS = 4096
+SHAPE_PARTS = {
+    "table": TABLE_SHAPES,
+    "matrix": [(t, h) for h in MATRIX_HIDDENS for t in MATRIX_TOKENS] + [(32768, 8192)],
+    "mid": [(4096, 1000), (4096, 100)],
+    "sweep": [(SWEEP_TOKENS, h) for h in range(512, 16384 + 1, 512)],
+}
+DEFAULT_PARTS = ("matrix", "mid", "sweep")
+
+# Implementation names in records, in table order. "copy" is torch's copy_ of X into Y (the floor), "this" the
+# sample's kernel; the peers are the RMSNorm forwards users pick instead of it.
+IMPLS = ("copy", "this", "torch_eager", "torch_compile", "quack", "liger")
+PEERS = ("torch_compile", "quack", "liger")
+IMPL_TITLES = {"copy": "copy_", "this": "this kernel", "torch_eager": "torch eager", "torch_compile": "torch.compile",
+               "quack": "quack", "liger": "liger"}
+
+TIE = 1.01             # within 1 % of the fastest peer counts as level with it ...
+TIE_NEAR_COPY = 1.02   # ... only where the kernel is also within 2 % of copy_
+
+
+def shapes_of(parts):
+    """The shapes of the named parts, each once, in the order the parts name them."""
+    seen, shapes = set(), []
+    for part in parts:
+        for shape in SHAPE_PARTS[part]:
+            if shape not in seen:
+                seen.add(shape)
+                shapes.append(shape)
+    return shapes
+
+
+def interleaved_rounds(timers, rounds):
+    """{name: [one time per round]}: each round calls every timer once, starting one name later than the last round.
+
+    Rotating the order keeps any one implementation from always running right after the same other one (or
+    always first, right after the previous shape's work).
+    """
+    names = list(timers)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(timers[name]())
+    return times
+
+
+def traffic_bytes(tokens, hidden, elem=2):
+    """Bytes one call moves: X read and Y written at `elem` bytes, W read once in fp32."""
+    return 2 * tokens * hidden * elem + 4 * hidden
+
+
+def ratio(a, b):
+    """a's time over b's (two records of one shape and dtype): the median of per-round ratios where both have rounds."""
+    ra, rb = a.get("rounds_us"), b.get("rounds_us")
+    if ra and rb and len(ra) == len(rb):
+        return statistics.median(x / y for x, y in zip(ra, rb))
+    return a["us"] / b["us"]
+
+
+def targets_at(tokens, hidden, elem=2):
+    """Issue 18's targets at one shape, as (label, against, limit): the kernel's time / `against`'s <= limit.
+
+    `against` is "copy", "torch_compile" or "peer" (the fastest of PEERS, with the tie rule).
+    """
+    targets = []
+    in_matrix = (hidden in MATRIX_HIDDENS and tokens in MATRIX_TOKENS) or (tokens, hidden) == (32768, 8192)
+    in_sweep = tokens == SWEEP_TOKENS and hidden % 512 == 0 and 512 <= hidden <= 16384
+    if in_matrix or in_sweep:
+        targets.append(("<= fastest peer", "peer", 1.0))
+    if in_sweep:
+        targets.append(("sweep <= 1.05 x copy_", "copy", 1.05))
+    if hidden * elem >= 8192 and tokens >= 4096:
+        targets.append((">= 8 KB rows <= 1.02 x copy_", "copy", 1.02))
+    if (tokens, hidden) == (32768, 8192):
+        targets.append(("<= torch.compile", "torch_compile", 1.0))
+    if (tokens, hidden) == (4096, 1000):
+        targets.append(("<= 1.2 x copy_", "copy", 1.2))
+    if (tokens, hidden) == (4096, 100):
+        targets.append(("<= 1.15 x copy_", "copy", 1.15))
+    return targets
+
+
+def group_records(records):
+    """{(dtype, tokens, hidden): {impl: record}} for the device-time records (those with a shape and a time)."""
+    groups = {}
+    for rec in records:
+        if rec["impl"] in IMPLS:
+            groups.setdefault((rec["dtype"], rec["tokens"], rec["hidden"]), {})[rec["impl"]] = rec
+    return groups
+
+
+def evaluate(records, elem=2):
+    """One summary row per shape and dtype that has both "this" and "copy": ratios and the targets met or missed.
+
+    Each row: dtype, tokens, hidden, best_peer (None without peers), this_best, this_copy, and checks, a list of
+    (label, ratio, limit, met); met is None where the target's reference was not timed.
+    """
+    rows = []
+    for (dtype, tokens, hidden), impls in group_records(records).items():
+        if "this" not in impls or "copy" not in impls:
+            continue
+        this = impls["this"]
+        peers = [impls[p] for p in PEERS if p in impls]
+        best = min(peers, key=lambda r: r["us"]) if peers else None
+        this_copy = ratio(this, impls["copy"])
+        this_best = ratio(this, best) if best else None
+        checks = []
+        for label, against, limit in targets_at(tokens, hidden, elem):
+            if against == "peer":
+                value = this_best
+                met = None if value is None else (value <= limit or (value <= TIE and this_copy <= TIE_NEAR_COPY))
+            else:
+                value = ratio(this, impls[against]) if against in impls else None
+                met = None if value is None else value <= limit
+            checks.append((label, value, limit, met))
+        rows.append({"dtype": dtype, "tokens": tokens, "hidden": hidden, "best_peer": best["impl"] if best else None,
+                     "this_best": this_best, "this_copy": this_copy, "checks": checks})
+    return rows
+
+
+def verdict(checks):
+    """A summary row's pass/fail cell: "met", "MISSED: <labels>", or "-" where no target applies or none was timed."""
+    missed = [label for label, _, _, met in checks if met is False]
+    if missed:
+        return "MISSED: " + "; ".join(missed)
+    return "met" if any(met for _, _, _, met in checks) else "-"
+
+
+def summary_lines(rows):
+    """The targets summary as Markdown table lines."""
+    lines = ["| dtype | tokens x hidden | best peer | this / best peer | this / copy_ | targets | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        best = IMPL_TITLES[row["best_peer"]] if row["best_peer"] else "-"
+        this_best = f"{row['this_best']:.3f}" if row["this_best"] is not None else "-"
+        targets = "; ".join(f"{label} ({value:.3f})" if value is not None else f"{label} (not timed)"
+                            for label, value, _, _ in row["checks"]) or "-"
+        lines.append(f"| {row['dtype']} | {row['tokens']}x{row['hidden']} | {best} | {this_best} | "
+                     f"{row['this_copy']:.3f} | {targets} | {verdict(row['checks'])} |")
+    return lines
