@@ -102,12 +102,6 @@ def eager_timer(fn, tokens, hidden):
     return one_round
 
 
-def time_device(fn, tokens, hidden, rounds=7):
-    """Median microseconds per call of fn, replayed from a CUDA graph of many calls."""
-    one_round = graph_timer(fn, tokens, hidden)
-    return statistics.median(one_round() for _ in range(rounds))
-
-
 def load_peers():
     """({peer: forward(x, w)} for the peers that import, {peer: why not} for the others)."""
     forwards, missing = {}, {}
