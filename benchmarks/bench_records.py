@@ -133,11 +133,15 @@ def evaluate(records, elem=2):
 
 
 def verdict(checks):
-    """A summary row's pass/fail cell: "met", "MISSED: <labels>", or "-" where no target applies or none was timed."""
+    """A summary row's pass/fail cell: "MISSED: <labels>", "untimed: <labels>" (a reference not timed), "met", or
+    "-" where no target applies."""
     missed = [label for label, _, _, met in checks if met is False]
+    untimed = [label for label, _, _, met in checks if met is None]
     if missed:
         return "MISSED: " + "; ".join(missed)
-    return "met" if any(met for _, _, _, met in checks) else "-"
+    if untimed:
+        return "untimed: " + "; ".join(untimed)
+    return "met" if checks else "-"
 
 
 def summary_lines(rows):

@@ -1,7 +1,9 @@
-"""CPU: the benchmark's output directory is the user's choice and is checked before any GPU work."""
+"""CPU: the benchmark's output directory and selections are checked before any GPU work; --dry-run needs none."""
 
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -28,3 +30,32 @@ def test_help_names_the_default_which_is_not_the_committed_results(tmp_path):
     text = "".join(proc.stdout.split())  # argparse wraps lines, also at hyphens
     assert "default./bench-results" in text
     assert "benchmarks/results" not in text
+
+
+def test_dry_run_lists_the_issues_shapes_without_a_gpu(tmp_path):
+    proc = run_bench("--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "71 shapes: 1x1024, 128x1024," in proc.stdout  # matrix (46) + mid (2) + sweep (32) - 9 shared
+    assert "x 2 dtypes x" in proc.stdout and "estimated device time:" in proc.stdout
+    assert not (tmp_path / "bench-results").exists()  # a dry run writes nothing
+
+
+def test_dry_run_of_one_part_and_dtype(tmp_path):
+    proc = run_bench("--dry-run", "--only", "sweep", "--dtypes", "bfloat16", "--impls", "copy,this", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "32 shapes: 4096x512, 4096x1024," in proc.stdout
+    assert "timings: 32 shapes x 1 dtypes x 2 implementations x 7 rounds = 448" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--only", "matrix,nope"), "--only: unknown 'nope'"),
+    (("--dtypes", "float32"), "--dtypes: unknown 'float32'"),
+    (("--impls", "triton"), "--impls: unknown 'triton'"),
+    (("--shapes", "4096x"), "--shapes '4096x': expected comma-separated TOKENSxHIDDEN"),
+    (("--rounds", "0"), "--rounds must be at least 1"),
+])
+def test_bad_selections_are_refused_in_one_line(tmp_path, args, message):
+    proc = run_bench(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert message in proc.stderr.splitlines()[-1]
