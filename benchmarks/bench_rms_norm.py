@@ -47,6 +47,8 @@ PARTS = (*SHAPE_PARTS, "host")
 DEFAULT_ONLY = "matrix,mid,sweep,host"
 QUICK_SHAPES = TABLE_SHAPES[:3] + [(4096, 4096)]
 QUICK_IMPLS = ("copy", "this", "torch_eager")
+README_COLUMNS = ("copy_", "this kernel", "torch eager", "torch.compile", "quack", "liger", "this / copy_",
+                  "this / best peer")
 
 
 def graph_calls(tokens, hidden):
@@ -273,7 +275,7 @@ def main():
             print(f"{peer}: {why}: skipped", flush=True)
     impls = [impl for impl in impls if impl not in missing]
     command = "python3 benchmarks/bench_rms_norm.py " + " ".join(sys.argv[1:])
-    records, lines, notes = [], [], []
+    records, lines, notes, table_cells = [], [], [], {}
     md_path, json_path = out / f"{args.name}.md", out / f"{args.name}.json"
 
     def emit(line=""):
@@ -298,9 +300,10 @@ def main():
          "timed with CUDA events). Ratios: median of per-round ratios. Best peer: the fastest of torch.compile, "
          "quack and liger. GB/s = (2*N*H*2 + 4*H) bytes / time.")
     emit()
-    columns = [IMPL_TITLES[impl] for impl in impls]
-    emit("| dtype | tokens x hidden | " + " | ".join(columns) + " | this / copy_ | this / best peer | GB/s (this) |")
-    emit("|---|---|" + "---|" * (len(columns) + 3))
+    header = ["dtype", "tokens x hidden", *(IMPL_TITLES[impl] for impl in impls), "this / copy_", "this / best peer",
+              "GB/s (this)"]
+    emit("| " + " | ".join(header) + " |")
+    emit("|" + "---|" * len(header))
 
     def compiled_ref(x, w):
         xf = x.float()
@@ -384,6 +387,7 @@ def main():
                       f"{ratio(this_rec, best):.3f} ({IMPL_TITLES[best['impl']]})" if best else "-",
                       f"{this_rec['gbps']:.0f}"]
             emit("| " + " | ".join(cells) + " |")
+            table_cells[dtype, tokens, hidden] = dict(zip(header, cells))
             print(f"  [{time.perf_counter() - t_shape:.1f} s, total {time.perf_counter() - started:.0f} s; "
                   "warm-up and capture s: " + ", ".join(f"{k} {v:.1f}" for k, v in warm_s.items()) + "]",
                   flush=True)
@@ -397,6 +401,16 @@ def main():
         emit()
         for line in summary_lines(evaluate(records)):
             emit(line)
+    readme_shapes = [shape for shape in TABLE_SHAPES if ("float16", *shape) in table_cells]
+    if readme_shapes:
+        emit()
+        emit("README.md's table (float16, the cells above):")
+        emit()
+        emit("| tokens × hidden | " + " | ".join(README_COLUMNS) + " |")
+        emit("|---|" + "---|" * len(README_COLUMNS))
+        for tokens, hidden in readme_shapes:
+            cells = table_cells["float16", tokens, hidden]
+            emit(f"| {tokens} × {hidden} | " + " | ".join(cells.get(title, "-") for title in README_COLUMNS) + " |")
     if notes:
         emit()
         for note in notes:

@@ -155,27 +155,48 @@ def test_run_output_shows_the_plan_the_sample_compiles(readme):
     assert plan.describe() in output.splitlines()
 
 
-def markdown_rows(text):
-    """The cells of every Markdown table row in `text` (header and separator rows included)."""
-    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in text.splitlines() if line.startswith("|")]
+def markdown_tables(text):
+    """Each Markdown table of `text` as (header cells, body rows of cells), its separator row left out."""
+    tables, lines = [], text.splitlines() + [""]
+    start = None
+    for i, line in enumerate(lines):
+        if line.startswith("|") and start is None:
+            start = i
+        elif not line.startswith("|") and start is not None:
+            rows = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in lines[start:i]]
+            tables.append((rows[0], [row for row in rows[1:] if not set("".join(row)) <= set("-: ")]))
+            start = None
+    return tables
 
 
-def performance_rows_not_in_results(readme_text, results_text):
-    """README performance rows (fp16) whose figures differ from the committed results' row for that shape."""
+def performance_cells_not_in_results(readme_text, results_text):
+    """README performance cells that differ from the committed results' float16 cell under the same header.
+
+    The README shows some of the results' columns (its first is `tokens × hidden`); the results' device-time
+    table is their first table whose header starts `dtype | tokens x hidden`.
+    """
     section = re.search(r"^## Performance\n(.*?)(?=^## |\Z)", readme_text, re.M | re.S)
     assert section, "README.md has no '## Performance' section"
-    results = {(row[0], row[1]): row[2:7] for row in markdown_rows(results_text) if len(row) >= 7}
-    readme_rows = [row for row in markdown_rows(section.group(1)) if re.fullmatch(r"\d+ × \d+", row[0])]
-    assert readme_rows, "README.md's performance table has no 'tokens × hidden' rows"
-    return [row for row in readme_rows
-            if results.get(("float16", row[0].replace(" × ", "x"))) != row[1:6]]
+    readme_tables = [table for table in markdown_tables(section.group(1)) if table[0][0] == "tokens × hidden"]
+    assert readme_tables, "README.md's performance section has no table headed 'tokens × hidden'"
+    header, rows = readme_tables[0]
+    assert rows, "README.md's performance table has no rows"
+    results_header, results_rows = next(table for table in markdown_tables(results_text)
+                                        if table[0][:2] == ["dtype", "tokens x hidden"])
+    results = {(row[0], row[1]): dict(zip(results_header, row)) for row in results_rows}
+    differing = []
+    for row in rows:
+        want = results.get(("float16", row[0].replace(" × ", "x")), {})
+        differing += [(row[0], title, cell, want.get(title)) for title, cell in zip(header[1:], row[1:])
+                      if want.get(title) != cell]
+    return differing
 
 
 def test_performance_table_quotes_the_committed_results(readme):
     results = (ROOT / "benchmarks" / "results" / "h200.md").read_text()
-    differing = performance_rows_not_in_results(readme, results)
-    assert not differing, f"README performance rows not in benchmarks/results/h200.md (float16): {differing}"
+    differing = performance_cells_not_in_results(readme, results)
+    assert not differing, ("README performance cells (shape, column, README, results) that differ from "
+                           f"benchmarks/results/h200.md (float16): {differing}")
 
 
 def test_every_relative_link_and_named_file_exists(readme):
@@ -214,3 +235,30 @@ def test_snippet_matching(block, found):
 def test_flags_table_parsing():
     text = "| flag | default |\n|---|---|\n| `--a-b N` | 1 |\n| `--c / --d` | 2 |\n\n| x |\n|---|\n| `--e` |\n"
     assert flags_table_flags(text) == {"--a-b", "--c", "--d"}
+
+
+RESULTS = """\
+| dtype | tokens x hidden | copy_ | this kernel | quack | this / best peer |
+|---|---|---|---|---|---|
+| float16 | 1x1024 | 0.83 | 1.23 | 1.61 | 0.990 (torch.compile) |
+| bfloat16 | 1x1024 | 1.03 | 1.25 | 1.60 | 1.000 (torch.compile) |
+
+| dtype | tokens x hidden | best peer | this / best peer |
+|---|---|---|---|
+| float16 | 1x1024 | torch.compile | 0.990 |
+"""
+
+
+@pytest.mark.parametrize("table,differing", [
+    ("| tokens × hidden | copy_ | quack | this / best peer |\n|---|---|---|---|\n| 1 × 1024 | 0.83 | 1.61 | "
+     "0.990 (torch.compile) |\n", []),                                                      # a subset of columns
+    ("| tokens × hidden | copy_ | quack |\n|---|---|---|\n| 1 × 1024 | 0.83 | 1.60 |\n",
+     [("1 × 1024", "quack", "1.60", "1.61")]),                                             # the bf16 figure
+    ("| tokens × hidden | liger |\n|---|---|\n| 1 × 1024 | 1.31 |\n",
+     [("1 × 1024", "liger", "1.31", None)]),                                               # a column not timed
+    ("| tokens × hidden | copy_ |\n|---|---|\n| 4 × 1024 | 0.83 |\n",
+     [("4 × 1024", "copy_", "0.83", None)]),                                               # a shape not timed
+])
+def test_performance_cell_matching(table, differing):
+    readme_text = f"## Performance\n\nText.\n\n{table}\nMore text.\n\n## Next\n"
+    assert performance_cells_not_in_results(readme_text, RESULTS) == differing
