@@ -273,16 +273,31 @@ WARP_THREADS = 32
 MAX_CTA_THREADS = 1024     # CUDA's limit; a row never spans two CTAs
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
-# Tuned thresholds: chosen by timing every shape of benchmarks/bench_rms_norm.py,
-# the measurements and the alternatives tried are in benchmarks/NOTES.md.
-SHORT_ROW_BYTES = 4096          # tuned: rows up to this size are latency-bound: 2 vectors per thread
-LONG_ROW_VECS_PER_THREAD = 4    # tuned: longer rows held in registers get 4 vectors per thread
-STAGED_ROW_BYTES = 12288        # tuned: longer rows up to this size stage X in shared memory
-STAGED_THREADS_PER_ROW = 256    # tuned: a staged row is split over 8 warps
-EARLY_WEIGHT_ROW_BYTES = 16384  # tuned: up to this size W is loaded before the reduction, longer rows after it
-MIN_CTA_THREADS = 128           # tuned: short rows are packed until a CTA has this many threads
-# MAX_HIDDEN (top of the file) is the longest row these hold in registers:
-# MAX_CTA_THREADS x LONG_ROW_VECS_PER_THREAD vectors of 8 fp16/bf16 elements.
+# How each row length is served: one row of this table per range of row
+# sizes, tuned by timing every hidden size from 512 to 16384 against copy_ at
+# 1 to 32768 tokens (benchmarks/NOTES.md has the measurements and the
+# alternatives). Longer vectors per thread mean fewer threads per row; "shared"
+# needs 16-byte vectors (cp.async.cg copies exactly 16 bytes), else X stays in
+# registers.
+@dataclass(frozen=True)
+class RowPlan:
+    max_row_bytes: int
+    x_in: str              # "registers" or "shared"
+    vecs_per_thread: int
+    early_weight: bool     # W loaded before the reduction (True) or after it
+    min_cta_threads: int   # short rows are packed side by side until a CTA has this many threads
+
+
+ROW_PLANS = (
+    RowPlan(256, "registers", 2, False, 256),    # tuned: rows of a few vectors: many rows per CTA
+    RowPlan(4096, "registers", 2, True, 128),    # tuned: latency-bound rows
+    RowPlan(15360, "shared", 4, True, 128),      # tuned: bandwidth-bound rows
+    RowPlan(16384, "shared", 2, False, 128),     # tuned: 2 vectors x 512 threads fill an SM with 4 rows at 16 KB
+    RowPlan(32767, "shared", 8, False, 128),     # tuned
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128),  # tuned: a staged row of 32 KB leaves too few rows per SM
+)
+# MAX_HIDDEN (top of the file) is the longest row the last plan holds:
+# MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements.
 
 
 @dataclass(frozen=True)
@@ -342,15 +357,27 @@ class KernelPlan:
                 f"x {self.vecs_per_thread} vectors, {rows}, {where}")
 
 
+def threads_for(num_vecs: int, vecs_per_thread: int) -> int:
+    """Threads that share a row: enough for vecs_per_thread vectors each, in whole warps.
+
+    A multiple of 32, not a power of two: a row of 192 vectors at 2 per thread
+    gets 96 threads, all busy, where rounding up to 128 would leave a quarter
+    of them half idle. Rows shorter than a warp use a power of two, so that the
+    butterfly shuffle of Step 3a stays inside the row.
+    """
+    threads = math.ceil(num_vecs / vecs_per_thread)
+    if threads <= WARP_THREADS:
+        return 1 << math.ceil(math.log2(threads))
+    return min(WARP_THREADS * math.ceil(threads / WARP_THREADS), MAX_CTA_THREADS)
+
+
 def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
-    Short rows are latency-bound and keep X in registers. Mid-size rows are
-    bandwidth-bound and stage X in shared memory: cp.async holds no register
-    while the bytes arrive, so more rows fit on an SM. Long rows, and rows
-    whose H is not a multiple of the 16-byte vector (cp.async.cg copies exactly
-    16 bytes), hold X in registers again. The thresholds are the tuned
-    constants above.
+    The row's size in bytes picks a line of ROW_PLANS: short rows are
+    latency-bound and keep X in registers; longer rows are bandwidth-bound and
+    stage X in shared memory, where cp.async holds no register while the bytes
+    arrive, so more rows fit on an SM.
     """
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
@@ -358,17 +385,11 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
         vec //= 2
     num_vecs = hidden // vec
-    row_bytes = hidden * elem_bytes
-    short = row_bytes <= SHORT_ROW_BYTES
-    stage_x = not short and row_bytes <= STAGED_ROW_BYTES and vec * elem_bytes == VECTOR_BYTES
-    if stage_x:
-        threads = STAGED_THREADS_PER_ROW
-    else:
-        per_thread = 2 if short else LONG_ROW_VECS_PER_THREAD
-        threads = min(1 << math.ceil(math.log2(math.ceil(num_vecs / per_thread))), MAX_CTA_THREADS)
-    rows = max(1, MIN_CTA_THREADS // threads)
-    return KernelPlan(hidden, elem_bytes, vec, threads, rows, math.ceil(num_vecs / threads),
-                      early_weight=row_bytes <= EARLY_WEIGHT_ROW_BYTES, stage_x=stage_x)
+    row = next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
+    threads = threads_for(num_vecs, row.vecs_per_thread)
+    return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads),
+                      math.ceil(num_vecs / threads), early_weight=row.early_weight,
+                      stage_x=row.x_in == "shared" and vec * elem_bytes == VECTOR_BYTES)
 
 
 def vector_of(view, k: int, j):

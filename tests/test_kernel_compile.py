@@ -47,27 +47,54 @@ def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
     assert accesses == {"ld.global.v4.b32", "st.global.v4.b32"}, accesses
 
 
+# (hidden, threads per row when staged, else None), worked out by hand from ROW_PLANS: vectors of 8
+# elements, ceil(vectors / vectors per thread) rounded up to whole warps.
+STAGING = [(2048, None),      # 4 KB: registers
+           (2056, 96),        # 257 vectors / 4 = 65 -> 96
+           (2560, 96),        # 320 / 4 = 80 -> 96 (a power of two would be 128)
+           (4096, 128), (5120, 160), (6144, 192),
+           (6152, 224),       # 769 / 4 = 193 -> 224
+           (4100, None),      # 4100 % 8 != 0: 8-byte vectors, which cp.async.cg cannot copy
+           (8192, 512),       # 16 KB: 1024 / 2
+           (10240, 160),      # 20 KB: 1280 / 8
+           (16384, None)]     # 32 KB: registers
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden,staged", [(2048, False), (2056, True), (2560, True), (4096, True), (5120, True),
-                                           (6144, True), (6152, False), (4100, False), (8192, False), (16384, False)])
-def test_rows_of_4_to_12_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, staged):
-    """Rows over 4 KB and up to 12 KB with hidden % 8 == 0 (staged) copy X to shared memory by 16-byte
-    cp.async.cg, one copy per vector, split over 256 threads; each thread waits for its own copies with no
+@pytest.mark.parametrize("hidden,threads", STAGING)
+def test_rows_over_4_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, threads):
+    """Rows over 4 KB and under 32 KB with hidden % 8 == 0 (staged) copy X to shared memory by 16-byte
+    cp.async.cg, one copy per vector, split over whole warps; each thread waits for its own copies with no
     barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
     very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
     plan = sample.plan_kernel(hidden)
-    assert plan.stage_x == staged
+    assert plan.stage_x == (threads is not None)
     ptx = ptx_of(dtype, hidden, arch)
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
-    if not staged:
+    if threads is None:
         assert "cp.async" not in ptx
         return
-    assert plan.threads_per_row == 256
+    assert plan.threads_per_row == threads
     assert copies == [("cg", "16")] * plan.vecs_per_thread, copies
     commit, wait = ptx.index("cp.async.commit_group"), ptx.index("cp.async.wait_group")
     assert commit < wait and not re.search(r"bar(?:rier)?\.sync", ptx[:wait])
     assert len(re.findall(r"\bld\.global\.", ptx)) == 2 * plan.vecs_per_thread
+
+
+# (hidden, threads per row, vectors per thread, rows per CTA), fp16, worked out by hand: a row of n vectors
+# gets ceil(n / k) threads rounded up to whole warps (a power of two below a warp), never a power of two
+# above one, so that no warp of the row idles (issue 18's cliffs at hidden 1536 and 10240).
+@pytest.mark.parametrize("hidden,threads,vecs,rows", [
+    (100, 16, 2, 16),      # 25 vectors of 4: 13 -> 16 threads; rows of at most 256 bytes fill 256-thread CTAs
+    (1536, 96, 2, 1),      # 192 vectors / 2 = 96 (a power of two: 128 threads, a quarter of them half idle)
+    (4608, 160, 4, 1),     # 576 / 4 = 144 -> 160
+    (10240, 160, 8, 1),    # 1280 / 8 = 160 (a power of two: 512 threads at 2.5 vectors each)
+    (16384, 512, 4, 1),    # 2048 / 4
+])
+def test_threads_per_row_come_in_whole_warps(hidden, threads, vecs, rows):
+    plan = sample.plan_kernel(hidden)
+    assert (plan.threads_per_row, plan.vecs_per_thread, plan.rows_per_cta) == (threads, vecs, rows)
 
 
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 8192, 16384])
@@ -87,10 +114,9 @@ def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden):
 def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
     """No spills and >= 768 resident threads per SM on sm_90 (64K registers, 228 KB shared memory).
 
-    768 is what the plan gives its register-heaviest rows, hidden 8192 with X and W in registers (80
-    registers, 3 CTAs of 256 threads); one more register allocation step there would drop a CTA per SM,
-    i.e. fewer rows in flight on a kernel that is bound by memory latency. Staged rows need far fewer
-    (32-56 registers at hidden 2560-5120; hidden 4096 needed 78 with X in registers) (benchmarks/NOTES.md).
+    768 is what the plan gives its register-heaviest rows (staged rows with W's FP32 vectors held through
+    the reduction, 72-78 registers); one more register allocation step there would drop a CTA per SM,
+    i.e. fewer rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
     """
     path = tmp_path / "k.ptx"
     path.write_text(ptx_of(dtype, hidden, "sm_90a"))
