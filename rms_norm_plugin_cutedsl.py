@@ -291,8 +291,9 @@ class RowPlan:
 ROW_PLANS = (
     RowPlan(256, "registers", 2, False, 256),    # tuned: rows of a few vectors: many rows per CTA
     RowPlan(4096, "registers", 2, True, 128),    # tuned: latency-bound rows
-    RowPlan(15360, "shared", 4, True, 128),      # tuned: bandwidth-bound rows
-    RowPlan(16384, "shared", 2, False, 128),     # tuned: 2 vectors x 512 threads fill an SM with 4 rows at 16 KB
+    RowPlan(8192, "shared", 2, True, 128),       # tuned: bandwidth-bound rows
+    RowPlan(15360, "shared", 4, True, 128),      # tuned
+    RowPlan(16384, "registers", 4, True, 128),   # tuned: staged 16 KB rows lost up to 18 % at 1-128 tokens
     RowPlan(32767, "shared", 8, False, 128),     # tuned
     RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128),  # tuned: a staged row of 32 KB leaves too few rows per SM
 )

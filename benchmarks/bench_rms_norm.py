@@ -340,7 +340,10 @@ def main():
             timers, warm_s, cells_note = {}, {}, {}
             # copy_ is a memcpy: inside a CUDA graph it can become a slower copy-engine node for
             # large tensors, so the floor is, per round, the faster of graph replay and eager launches.
-            copy = lambda: y.copy_(x)  # noqa: E731
+            # copy_ writes its own buffer: its eager launches run on a side stream and must not race the
+            # output of the implementation checked next.
+            y_copy = torch.empty_like(x)
+            copy = lambda: y_copy.copy_(x)  # noqa: E731
             copy_graph, copy_eager = graph_timer(copy, tokens, hidden), eager_timer(copy, tokens, hidden)
             timers["copy"] = lambda: min(copy_graph(), copy_eager())
             for impl in impls[1:]:

@@ -153,9 +153,9 @@ def f32_literal(value):
 
 # Hand-derived launch shapes. hidden 1024 (2 KB rows, fp16/bf16): 8-element vectors, 128 per row, short
 # row -> 2 per thread -> 64 threads per row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps
-# x 2 rows of shared memory. hidden 4096 (8 KB rows, staged): 512 vectors at 4 per thread -> 128 threads per
-# row, 1 row per CTA, the row in shared memory (8192 bytes) plus 4 bytes x 4 warps.
-LAUNCH = {1024: (2, 128, 16), 4096: (1, 128, 8192 + 16)}
+# x 2 rows of shared memory. hidden 4096 (8 KB rows, staged): 512 vectors at 2 per thread -> 256 threads per
+# row, 1 row per CTA, the row in shared memory (8192 bytes) plus 4 bytes x 8 warps.
+LAUNCH = {1024: (2, 128, 16), 4096: (1, 256, 8192 + 32)}
 
 
 @pytest.mark.parametrize("hidden", sorted(LAUNCH))

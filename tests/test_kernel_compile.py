@@ -50,12 +50,13 @@ def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
 # (hidden, threads per row when staged, else None), worked out by hand from ROW_PLANS: vectors of 8
 # elements, ceil(vectors / vectors per thread) rounded up to whole warps.
 STAGING = [(2048, None),      # 4 KB: registers
-           (2056, 96),        # 257 vectors / 4 = 65 -> 96
-           (2560, 96),        # 320 / 4 = 80 -> 96 (a power of two would be 128)
-           (4096, 128), (5120, 160), (6144, 192),
+           (2056, 160),       # 257 vectors / 2 = 129 -> 160
+           (2560, 160),       # 320 / 2
+           (4096, 256),       # 512 / 2
+           (5120, 160), (6144, 192),   # over 8 KB: 640 / 4, 768 / 4
            (6152, 224),       # 769 / 4 = 193 -> 224
            (4100, None),      # 4100 % 8 != 0: 8-byte vectors, which cp.async.cg cannot copy
-           (8192, 512),       # 16 KB: 1024 / 2
+           (8192, None),      # 16 KB: registers
            (10240, 160),      # 20 KB: 1280 / 8
            (16384, None)]     # 32 KB: registers
 
@@ -64,7 +65,7 @@ STAGING = [(2048, None),      # 4 KB: registers
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden,threads", STAGING)
 def test_rows_over_4_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, threads):
-    """Rows over 4 KB and under 32 KB with hidden % 8 == 0 (staged) copy X to shared memory by 16-byte
+    """Rows over 4 KB and under 32 KB with hidden % 8 == 0 (staged), except rows of 15-16 KB, copy X to shared memory by 16-byte
     cp.async.cg, one copy per vector, split over whole warps; each thread waits for its own copies with no
     barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
     very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
@@ -114,8 +115,9 @@ def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden):
 def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
     """No spills and >= 768 resident threads per SM on sm_90 (64K registers, 228 KB shared memory).
 
-    768 is what the plan gives its register-heaviest rows (staged rows with W's FP32 vectors held through
-    the reduction, 72-78 registers); one more register allocation step there would drop a CTA per SM,
+    768 is what the plan gives its register-heaviest rows (hidden 8192 with X and W in registers, 80
+    registers, 3 CTAs of 256 threads; staged rows with W's FP32 vectors held through the reduction, 72-78
+    registers); one more register allocation step there would drop a CTA per SM,
     i.e. fewer rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
     """
     path = tmp_path / "k.ptx"
@@ -217,7 +219,7 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
 @pytest.mark.parametrize("hidden,line", [
     (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers"),
     (4096, "kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, 1 row/CTA, X staged in shared memory"),
-    (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 8 rows/CTA, X in registers"),
+    (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 16 rows/CTA, X in registers"),
 ])
 def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
     """What main() prints under its header: vector width, split, rows per CTA, registers or shared memory."""
