@@ -289,13 +289,14 @@ class RowPlan:
 
 
 ROW_PLANS = (
-    RowPlan(256, "registers", 2, False, 256),    # tuned: rows of a few vectors: many rows per CTA
+    RowPlan(256, "registers", 2, False, 256),    # tuned: rows of a few vectors: several rows per warp
     RowPlan(4096, "registers", 2, True, 128),    # tuned: latency-bound rows
-    RowPlan(8192, "shared", 2, True, 128),       # tuned: bandwidth-bound rows
+    RowPlan(8192, "shared", 2, True, 128),       # tuned: bandwidth-bound rows from here on
     RowPlan(15360, "shared", 4, True, 128),      # tuned
-    RowPlan(16384, "registers", 4, True, 128),   # tuned: staged 16 KB rows lost up to 18 % at 1-128 tokens
+    RowPlan(16384, "registers", 4, True, 128),   # tuned: staged 16 KB rows were slower at few tokens
+    RowPlan(20480, "shared", 4, False, 128),     # tuned: long rows hold no W registers through the reduction
     RowPlan(32767, "shared", 8, False, 128),     # tuned
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128),  # tuned: a staged row of 32 KB leaves too few rows per SM
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128),  # tuned: a staged 32 KB row leaves too few rows per SM
 )
 # MAX_HIDDEN (top of the file) is the longest row the last plan holds:
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements.

@@ -57,7 +57,8 @@ STAGING = [(2048, None),      # 4 KB: registers
            (6152, 224),       # 769 / 4 = 193 -> 224
            (4100, None),      # 4100 % 8 != 0: 8-byte vectors, which cp.async.cg cannot copy
            (8192, None),      # 16 KB: registers
-           (10240, 160),      # 20 KB: 1280 / 8
+           (10240, 320),      # 20 KB: 1280 / 4
+           (12288, 192),      # 24 KB: 1536 / 8
            (16384, None)]     # 32 KB: registers
 
 
@@ -90,7 +91,7 @@ def test_rows_over_4_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hid
     (100, 16, 2, 16),      # 25 vectors of 4: 13 -> 16 threads; rows of at most 256 bytes fill 256-thread CTAs
     (1536, 96, 2, 1),      # 192 vectors / 2 = 96 (a power of two: 128 threads, a quarter of them half idle)
     (4608, 160, 4, 1),     # 576 / 4 = 144 -> 160
-    (10240, 160, 8, 1),    # 1280 / 8 = 160 (a power of two: 512 threads at 2.5 vectors each)
+    (10240, 320, 4, 1),    # 1280 / 4 = 320 (a power of two: 512 threads at 2.5 vectors each)
     (16384, 512, 4, 1),    # 2048 / 4
 ])
 def test_threads_per_row_come_in_whole_warps(hidden, threads, vecs, rows):
