@@ -312,8 +312,8 @@ class KernelPlan:
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
-    early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (very
-                          # long rows, which then hold no W registers through the reduction)
+    early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (the
+                          # row then holds no W registers through the reduction)
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
 
     @property
@@ -458,7 +458,7 @@ def rms_norm_kernel(
     row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
     smem = cutlass.memory.SmemAllocator()
 
-    # Step 1: each thread loads its vectors of X (and, unless rows are very long,
+    # Step 1: each thread loads its vectors of X (and, where the plan says so,
     # of W) into registers. Unowned slots stay zero: they add nothing to the sum.
     tXrX = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mX.element_type)
     tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), Float32)
