@@ -192,7 +192,7 @@ def main():
             ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS) * w.double())
             sample.rms_norm_torch(x, w, EPS, out=y)
             torch.cuda.synchronize()
-            rtol, atol = sample.DTYPES[dtype].rtol, sample.CHECK_ATOL
+            rtol, atol = sample.DTYPES[dtype].rtol, sample.DTYPES[dtype].atol
             bad = ((y.double() - ref).abs() > atol + rtol * ref.abs()).sum().item()
             assert bad == 0, f"kernel wrong at {tokens}x{hidden} {dtype}: {bad} elements out of tolerance"
             # Prepared arguments: what a steady-state caller does (no per-call DLPack work).
