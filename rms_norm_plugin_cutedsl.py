@@ -56,7 +56,7 @@ MAX_HIDDEN = 32768  # the longest row the kernel holds (see plan_kernel); here s
 
 @dataclass(frozen=True)
 class DTypeNames:
-    """One dtype as each library names it (strings, resolved with getattr where used), its size and check tolerance."""
+    """One dtype as each library names it (strings, resolved with getattr where used), its size and check tolerances."""
 
     trt: str             # tensorrt.DataType member
     torch: str           # torch dtype attribute
