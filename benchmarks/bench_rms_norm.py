@@ -312,7 +312,7 @@ def main():
     started = time.perf_counter()
     for dtype in dtypes:
         tdt = getattr(torch, dtype)
-        rtol, atol = sample.DTYPES[dtype].rtol, sample.CHECK_ATOL
+        rtol, atol = sample.DTYPES[dtype].rtol, sample.DTYPES[dtype].atol
         for tokens, hidden in shapes:
             t_shape = time.perf_counter()
             x = torch.randn(tokens, hidden, device="cuda", dtype=tdt)

@@ -11,14 +11,15 @@ import rms_norm_aot_cutedsl as aot
 import rms_norm_plugin_cutedsl as sample
 
 ARCHES = ["sm_80", "sm_90a"]
+COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 4096, 16384])
-def test_entry_is_x_w_num_tokens_y(arch, dtype, hidden):
+def test_entry_is_x_w_num_tokens_y(arch, dtype, w_dtype, hidden):
     """TensorRT passes input pointers, the extra int32 arguments, then output pointers."""
-    name, ptx, _ = aot.aot_kernel(dtype, hidden, 1e-5, arch)
+    name, ptx, _ = aot.aot_kernel(dtype, hidden, 1e-5, arch, w_dtype)
     entries = re.findall(r"^\.visible \.entry (\w+)\(([^)]*)\)", ptx, re.M)
     assert [e[0] for e in entries] == [name]
     assert re.findall(r"\.param \.(\w+)", entries[0][1]) == ["u64", "u64", "u32", "u64"]
@@ -28,11 +29,11 @@ def test_entry_is_x_w_num_tokens_y(arch, dtype, hidden):
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
 @pytest.mark.parametrize("hidden", [7, 1024, 16384])
-def test_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, dtype, hidden):
+def test_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, dtype, w_dtype, hidden):
     """ptxas refuses an instruction newer than the declared .version: the version is honest."""
-    _, ptx, _ = aot.aot_kernel(dtype, hidden, 1e-5, arch)
+    _, ptx, _ = aot.aot_kernel(dtype, hidden, 1e-5, arch, w_dtype)
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
     proc = subprocess.run(["ptxas", f"-arch={arch}", str(path), "-o", str(tmp_path / "k.cubin")],
@@ -52,13 +53,14 @@ def test_epsilon_is_baked_into_the_ptx():
     assert f32_literal(1e-3) in ptx_1e3 and f32_literal(1e-3) not in ptx_1e5
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 5120, 8192, 16384])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
-def test_launch_dims_cover_every_row_with_the_threads_the_ptx_requires(hidden, tokens):
-    plan = sample.plan_kernel(hidden)
+def test_launch_dims_cover_every_row_with_the_threads_the_ptx_requires(dtype, hidden, tokens):
+    name, ptx, plan = aot.aot_kernel(dtype, hidden, 1e-5, "sm_90a")
+    assert str(plan) in name, "the plan returned is the one the PTX was compiled with (its name carries it)"
     grid, block, smem = aot.aot_launch_dims(plan, tokens)
     assert (grid - 1) * plan.rows_per_cta < tokens <= grid * plan.rows_per_cta
-    ptx = aot.aot_kernel("float16", hidden, 1e-5, "sm_90a")[1]
     assert re.search(rf"\.reqntid {block}, 1, 1", ptx)
     assert (smem > 0) == ("__dynamic_shmem__" in ptx and "st.shared" in ptx)
 

@@ -127,16 +127,17 @@ def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
     return desc
 
 
-def build(trt, plugin, hidden, io_type, x_shape=None):
+def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None):
     """Drive the plugin through a build's calls; returns (output shape exprs, launch params, extra args, kernel)."""
+    w_type = trt.DataType.FLOAT if w_type is None else w_type
     builder = trt.IExprBuilder()
     tokens = trt_qdp_double.SymbolicDim("num_tokens")
     x_dims = x_shape if x_shape is not None else trt.DimsExprs([tokens, builder.constant(hidden)])
     w_dims = trt.DimsExprs([builder.constant(hidden)])
-    assert plugin.get_output_data_types([io_type, trt.DataType.FLOAT], [2, 1]) == [io_type]
+    assert plugin.get_output_data_types([io_type, w_type], [2, 1]) == [io_type]
     (y_dims,) = plugin.get_output_shapes([x_dims, w_dims], [], builder)
     in_out = [io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden)),
-              io_desc(trt, trt.DataType.FLOAT, (hidden,)),
+              io_desc(trt, w_type, (hidden,)),
               io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))]
     formats = plugin.get_supported_format_combinations(in_out, 2)
     plugin.configure_plugin(in_out[:2], in_out[2:])
@@ -151,35 +152,45 @@ def f32_literal(value):
     return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
 
 
-# Hand-derived launch shapes. hidden 1024 (2 KB rows, fp16/bf16): 8-element vectors, 128 per row, short
-# row -> 2 per thread -> 64 threads per row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps
-# x 2 rows of shared memory. hidden 4096 (8 KB rows, staged): 512 vectors at 2 per thread -> 256 threads per
-# row, 1 row per CTA, the row in shared memory (8192 bytes) plus 4 bytes x 8 warps.
-LAUNCH = {1024: (2, 128, 16), 4096: (1, 256, 8192 + 32)}
+# Hand-derived launch shapes, by (hidden, bytes per X element). A 16-byte vector holds 8 fp16/bf16 or 4 fp32
+# elements. hidden 1024, 16-bit (2 KB rows): 128 vectors per row, short row -> 2 per thread -> 64 threads per
+# row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps x 2 rows of shared memory. hidden 1024,
+# fp32 (4 KB, still short): 256 vectors -> 128 threads, 1 row per CTA, 4 warps -> 16 bytes. hidden 4096,
+# 16-bit, and hidden 2048, fp32 (8 KB rows, staged): 256 threads per row, 1 row per CTA, the row in shared
+# memory (8192 bytes) plus 4 bytes x 8 warps.
+LAUNCH = {(1024, 2): (2, 128, 16), (1024, 4): (1, 128, 16), (4096, 2): (1, 256, 8192 + 32),
+          (2048, 4): (1, 256, 8192 + 32)}
+TYPES = ["HALF", "BF16", "FLOAT"]
+# Every X x W combination at hidden 1024, and a staged row for some.
+CASES = ([(1024, io, w) for io in TYPES for w in TYPES]
+         + [(4096, "HALF", "FLOAT"), (4096, "BF16", "BF16"), (2048, "FLOAT", "HALF")])
 
 
-@pytest.mark.parametrize("hidden", sorted(LAUNCH))
-@pytest.mark.parametrize("io", ["HALF", "BF16"])
-def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io):
+@pytest.mark.parametrize("hidden, io, w", CASES)
+def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io, w):
     trt, package = trtp
-    io_type = getattr(trt.DataType, io)
+    io_type, w_type = getattr(trt.DataType, io), getattr(trt.DataType, w)
     plugin = built_aot_plugin(trt, package, EPS)
-    y_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type)
+    y_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type)
 
     assert y_dims[1].is_constant() and y_dims[1].get_constant_value() == hidden
     assert not y_dims[0].is_constant()
     combos = {tuple(d.type for d in formats[i:i + 3]) for i in range(0, len(formats), 3)}
-    assert combos == {(trt.DataType.HALF, trt.DataType.FLOAT, trt.DataType.HALF),
-                      (trt.DataType.BF16, trt.DataType.FLOAT, trt.DataType.BF16)}
+    assert combos == {(getattr(trt.DataType, x), getattr(trt.DataType, w_), getattr(trt.DataType, x))
+                      for x in TYPES for w_ in TYPES}, "X and Y of one dtype, any W: nine combinations"
     assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
 
     ptx = ptx.decode()
     assert re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M) == [name]
     assert re.search(rf"^\.target {ARCH}\b", ptx, re.M) and re.search(r"^\.version 8\.0$", ptx, re.M)
     assert f32_literal(EPS) in ptx, "epsilon is baked into the PTX"
-    assert ("ld.global.v4.b32" in ptx or "cp.async" in ptx) and "cvt.rn." + ("f16" if io == "HALF" else "bf16") in ptx
+    assert "ld.global.v4.b32" in ptx or "cp.async" in ptx
+    ptx_type = {"HALF": "f16", "BF16": "bf16", "FLOAT": "f32"}
+    # Y is rounded to X's 16-bit type (fp32: not at all), and a 16-bit W is widened to FP32.
+    assert {t for t in ("f16", "bf16") if re.search(rf"cvt\.rn\.{t}(x2)?\.f32", ptx)} == {ptx_type[io]} - {"f32"}
+    assert w == "FLOAT" or f"cvt.f32.{ptx_type[w]}" in ptx
 
-    rows_per_cta, block, smem = LAUNCH[hidden]
+    rows_per_cta, block, smem = LAUNCH[hidden, 4 if io == "FLOAT" else 2]
     assert launch.block_x.expr.get_constant_value() == block
     assert re.search(rf"\.reqntid {block}, 1, 1", ptx)
     assert launch.shared_mem.expr.get_constant_value() == smem

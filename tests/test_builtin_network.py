@@ -3,8 +3,10 @@
 The network is built by the sample's define_builtin_network with TensorRT-RTX's
 real bindings (which build networks without a GPU); tests/network_numpy.py then
 evaluates its layers. The expected values come from the RMSNorm formula in
-float64, written here; the bound is one ulp of the output dtype (2^-10 for
-fp16, 2^-7 for bf16, relative), as the network computes in FP32 and rounds once.
+float64, written here; the bound is one ulp of a 16-bit output dtype (2^-10 for
+fp16, 2^-7 for bf16, relative), as the network computes in FP32 and rounds once,
+and 2^-18 for fp32 output, where only FP32 arithmetic differs (64 u; a few
+roundings of a pairwise sum, a square root and a division need far less).
 """
 
 
@@ -14,7 +16,8 @@ import torch
 
 import network_numpy
 
-ULP = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+BOUND = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -18}
+ATOL = {"float16": 1e-6, "bfloat16": 1e-6, "float32": 1e-30}  # fp16's subnormals; FP32 results are normal here
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +30,30 @@ def rms_norm_float64(x, w, eps):
     return x / np.sqrt((x * x).sum(axis=1, keepdims=True) / x.shape[1] + eps) * w.astype(np.float64)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def rounded(values, dtype):
+    """float32 values rounded to `dtype`, fed as the evaluator takes them (bf16 as float32 carriers)."""
+    r = torch.from_numpy(np.ascontiguousarray(values, np.float32)).to(getattr(torch, dtype))
+    return r.numpy() if dtype == "float16" else r.float().numpy()
+
+
+@pytest.mark.parametrize("dtype, w_dtype", [(x, w) for x in ("float16", "bfloat16", "float32")
+                                            for w in ("float32", "float16", "bfloat16")])
 @pytest.mark.parametrize("hidden, eps", [(64, 1e-5), (1000, 1e-2)])
-def test_builtin_network_computes_rms_norm(sample_rtx, trt, dtype, hidden, eps):
+def test_builtin_network_computes_rms_norm(sample_rtx, trt, dtype, w_dtype, hidden, eps):
     builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    keep_alive = sample_rtx.define_builtin_network(network, hidden, dtype, eps)  # noqa: F841
+    keep_alive = sample_rtx.define_builtin_network(network, hidden, dtype, eps, w_dtype)  # noqa: F841
     rng = np.random.default_rng(hidden)
     x = torch.from_numpy(rng.standard_normal((5, hidden), dtype=np.float32) * 3)
     x[1] *= 1e-3  # a small row, where epsilon matters
-    x = x.to(getattr(torch, dtype)).float().numpy()
-    x_feed = x.astype(np.float16) if dtype == "float16" else x
-    w = rng.uniform(-0.5, 1.5, hidden).astype(np.float32)
-    y = network_numpy.evaluate(trt, network, {"X": x_feed, "W": w})["Y"].astype(np.float64)
-    ref = rms_norm_float64(x, w, eps)
+    x_feed = rounded(x, dtype)
+    w_feed = rounded(rng.uniform(-0.5, 1.5, hidden), w_dtype)
+    y = network_numpy.evaluate(trt, network, {"X": x_feed, "W": w_feed})["Y"]
+    assert y.dtype == (np.float16 if dtype == "float16" else np.float32)
+    ref = rms_norm_float64(x_feed, w_feed, eps)
     assert y.shape == ref.shape
-    err = np.abs(y - ref)
-    assert np.all(err <= ULP[dtype] * np.abs(ref) + 1e-6), f"max error {err.max():.3e}"
+    err = np.abs(y.astype(np.float64) - ref)
+    assert np.all(err <= BOUND[dtype] * np.abs(ref) + ATOL[dtype]), f"max error {err.max():.3e}"
 
 
 def test_the_evaluator_refuses_layers_it_does_not_know(trt):

@@ -185,19 +185,24 @@ def plugin(sample_rtx, trt):
     return create(sample_rtx, trt, np.array([1e-5], dtype=np.float32))
 
 
-@pytest.mark.parametrize("io_type", ["HALF", "BF16"])
-def test_linear_fp16_or_bf16_activations_with_fp32_weight_are_accepted(plugin, trt, io_type):
-    descs = io_descs(trt, io_type, "FLOAT", io_type)
+@pytest.mark.parametrize("io_type", ["HALF", "BF16", "FLOAT"])
+@pytest.mark.parametrize("w_type", ["FLOAT", "HALF", "BF16"])
+def test_every_linear_x_w_combination_with_y_of_xs_type_is_accepted(plugin, trt, io_type, w_type):
+    descs = io_descs(trt, io_type, w_type, io_type)
     assert [plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [True, True, True]
 
 
 @pytest.mark.parametrize(
     "x_type, w_type, y_type, refused_pos",
     [
-        ("FLOAT", "FLOAT", "FLOAT", 0),   # fp32 activations
-        ("HALF", "HALF", "HALF", 1),      # weight not fp32
+        ("INT32", "FLOAT", "INT32", 0),   # integer activations
+        ("INT8", "FLOAT", "INT8", 0),
+        ("HALF", "INT32", "HALF", 1),     # integer weight
+        ("FLOAT", "INT8", "FLOAT", 1),
         ("HALF", "FLOAT", "BF16", 2),     # Y's dtype differs from X's
         ("BF16", "FLOAT", "HALF", 2),
+        ("FLOAT", "HALF", "HALF", 2),     # Y follows X, not W
+        ("HALF", "FLOAT", "FLOAT", 2),
     ],
 )
 def test_other_dtype_combinations_are_refused(plugin, trt, x_type, w_type, y_type, refused_pos):

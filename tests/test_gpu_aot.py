@@ -57,26 +57,27 @@ def launch_like_tensorrt(function, plan, x, w, y, num_tokens, stream):
                          params.ctypes.data, 0))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden", [100, 1024, 2560, 4096, 5120, 16384])  # 2560-5120: staged rows
-def test_aot_ptx_runs_under_tensorrts_calling_convention(arch, dtype, hidden):
+@pytest.mark.parametrize("dtype, w_dtype", [(x, w) for x in ("float16", "bfloat16", "float32")
+                                             for w in ("float32", "float16", "bfloat16")])
+@pytest.mark.parametrize("hidden", [100, 1024, 2048, 2560, 4096, 5120, 16384])  # 2048-5120: staged rows
+def test_aot_ptx_runs_under_tensorrts_calling_convention(arch, dtype, w_dtype, hidden):
     import torch
 
     from cuda.bindings import driver as cu
 
-    name, ptx, plan = aot.aot_kernel(dtype, hidden, EPS, arch)
+    name, ptx, plan = aot.aot_kernel(dtype, hidden, EPS, arch, w_dtype)
     assert re.search(rf"^\.version {re.escape(aot.AOT_PTX_ISA[arch])}$", ptx, re.M)
     module, function = load_function(ptx, name)
     stream = torch.cuda.Stream()
     try:
         for tokens in (1, 37, 128, 512):
-            x, w = sample.make_inputs(tokens, hidden, dtype, seed=tokens + hidden)
+            x, w = sample.make_inputs(tokens, hidden, dtype, tokens + hidden, w_dtype)
             xd, wd = x.cuda(), w.cuda()
             y = torch.full_like(xd, float("nan"))
             torch.cuda.synchronize()
             launch_like_tensorrt(function, plan, xd, wd, y, tokens, stream)
             stream.synchronize()
-            good, err = sample.check_output(y.float().cpu().numpy(), x.float().numpy(), w.numpy(), EPS, dtype)
+            good, err = sample.check_output(y.float().cpu().numpy(), x.float().numpy(), w.float().numpy(), EPS, dtype)
             assert good, f"{tokens} tokens: max abs error {err:.3e}"
     finally:
         ok(cu.cuModuleUnload(module))

@@ -1,4 +1,4 @@
-"""GPU: the CuteDSL kernel against the NumPy reference over odd and large shapes."""
+"""GPU: the CuteDSL kernel against the NumPy reference over odd and large shapes, for every X x W dtype."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,9 @@ import rms_norm_plugin_cutedsl as sample
 pytestmark = pytest.mark.gpu
 
 TOKENS = [1, 2, 37, 128, 511, 512, 4096]
-HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 16384]  # 2056-6144: X staged
+HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 16384]  # 2056-6144: 16-bit X staged
+# Every X x W combination; Y has X's dtype.
+COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 
 def _run(x, w, eps):
@@ -20,28 +22,37 @@ def _run(x, w, eps):
     return y.float().cpu().numpy()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def _check(tokens, hidden, dtype, w_dtype, seed, eps=1e-5):
+    x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
+    y = _run(x.cuda(), w.cuda(), eps)
+    ok, err = sample.check_output(y, x.float().numpy(), w.float().numpy(), eps, dtype)
+    assert ok, f"max abs error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_kernel_matches_numpy(tokens, hidden, dtype):
-    x, w = sample.make_inputs(tokens, hidden, dtype, seed=tokens * 7919 + hidden)
-    y = _run(x.cuda(), w.cuda(), 1e-5)
-    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), 1e-5, dtype)
-    assert ok, f"max abs error {err:.3e}"
+    _check(tokens, hidden, dtype, "float32", seed=tokens * 7919 + hidden)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+# 1028-3072: fp32 X staged (rows of 4-12 KB), 1030: fp32 X in 2-element vectors.
+@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
+@pytest.mark.parametrize("hidden", [7, 100, 1000, 1028, 1030, 2560, 3072, 8192])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
-def test_largest_supported_hidden(tokens, dtype):
-    """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction."""
-    hidden = sample.MAX_HIDDEN
-    x, w = sample.make_inputs(tokens, hidden, dtype, seed=tokens)
-    y = _run(x.cuda(), w.cuda(), 1e-5)
-    ok, err = sample.check_output(y, x.float().numpy(), w.numpy(), 1e-5, dtype)
-    assert ok, f"max abs error {err:.3e}"
+def test_every_dtype_combination_matches_numpy(tokens, hidden, dtype, w_dtype):
+    _check(tokens, hidden, dtype, w_dtype, seed=tokens * 7919 + hidden + 17)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
+                                            ("float32", "bfloat16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize("tokens", [1, 37, 512])
+def test_largest_supported_hidden(tokens, dtype, w_dtype):
+    """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction (fp32 X: 8 vectors per thread)."""
+    _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_zero_rows_give_zeros(dtype):
     x, w = sample.make_inputs(64, 1024, dtype, seed=1)
     x[5] = 0
@@ -50,9 +61,9 @@ def test_zero_rows_give_zeros(dtype):
     assert np.isfinite(y).all()
 
 
-# fp16's largest value, and a bf16 value whose square summed over 1024 columns
+# fp16's largest value, and a bf16/fp32 value whose square summed over 1024 columns
 # still fits FP32 (sqrt(FLT_MAX / 1024) ~ 5.8e17; see README "Limitations").
-@pytest.mark.parametrize("dtype,big", [("float16", 65504.0), ("bfloat16", 1.0e17)])
+@pytest.mark.parametrize("dtype,big", [("float16", 65504.0), ("bfloat16", 1.0e17), ("float32", 1.0e17)])
 def test_large_magnitudes_are_correct(dtype, big):
     x, w = sample.make_inputs(8, 1024, dtype, seed=2)
     x[0] = big

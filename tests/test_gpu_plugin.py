@@ -35,44 +35,49 @@ def make_context_plugin(sample, trt, epsilon=1e-5):
     return plugin.attach_to_context(None)
 
 
+TRT_TYPE = {"float16": "HALF", "bfloat16": "BF16", "float32": "FLOAT"}
+
+
 class Buffers:
     """Device buffers for one token count, plus the descriptors TensorRT would pass."""
 
-    def __init__(self, sample, trt, tokens, hidden=HIDDEN, dtype="float16", seed=0):
+    def __init__(self, sample, trt, tokens, hidden=HIDDEN, dtype="float16", seed=0, w_dtype="float32"):
         import torch
 
-        self.sample, self.dtype = sample, dtype
-        x, w = sample.make_inputs(tokens, hidden, dtype, seed)
+        self.sample, self.dtype, self.w_dtype = sample, dtype, w_dtype
+        x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
         self.x, self.w = x.cuda(), w.cuda()
         self.y = torch.full_like(self.x, float("nan"))
-        trt_type = {"float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}[dtype]
-        self.in_desc = [trt.PluginTensorDesc((tokens, hidden), trt_type), trt.PluginTensorDesc((hidden,), trt.DataType.FLOAT)]
+        trt_type, w_type = (getattr(trt.DataType, TRT_TYPE[d]) for d in (dtype, w_dtype))
+        self.in_desc = [trt.PluginTensorDesc((tokens, hidden), trt_type), trt.PluginTensorDesc((hidden,), w_type)]
         self.out_desc = [trt.PluginTensorDesc((tokens, hidden), trt_type)]
 
     def enqueue(self, plugin, stream):
         plugin.enqueue(self.in_desc, self.out_desc, [self.x.data_ptr(), self.w.data_ptr()], [self.y.data_ptr()], 0, stream.cuda_stream)
 
     def refill(self, seed):
-        x, w = self.sample.make_inputs(self.x.shape[0], self.x.shape[1], self.dtype, seed)
+        x, w = self.sample.make_inputs(self.x.shape[0], self.x.shape[1], self.dtype, seed, self.w_dtype)
         self.x.copy_(x)
         self.w.copy_(w)
         self.y.fill_(float("nan"))
 
     def check(self, epsilon=1e-5):
         ok, err = self.sample.check_output(
-            self.y.float().cpu().numpy(), self.x.float().cpu().numpy(), self.w.cpu().numpy(), epsilon, self.dtype
+            self.y.float().cpu().numpy(), self.x.float().cpu().numpy(), self.w.float().cpu().numpy(), epsilon, self.dtype
         )
         return ok, err
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_enqueue_on_tensorrt_stream_for_profile_min_opt_max(sample_standin, trt, dtype):
+@pytest.mark.parametrize("dtype, w_dtype", [(x, w) for x in ("float16", "bfloat16", "float32")
+                                             for w in ("float32", "float16", "bfloat16")])
+def test_enqueue_on_tensorrt_stream_for_profile_min_opt_max(sample_standin, trt, dtype, w_dtype):
+    """Every X x W combination, with the dtypes taken from the descriptors as TensorRT passes them."""
     import torch
 
     plugin = make_context_plugin(sample_standin, trt)
     stream = torch.cuda.Stream()
     for tokens in (1, 128, 512):
-        buf = Buffers(sample_standin, trt, tokens, dtype=dtype, seed=tokens)
+        buf = Buffers(sample_standin, trt, tokens, dtype=dtype, seed=tokens, w_dtype=w_dtype)
         torch.cuda.synchronize()
         plugin.on_shape_change(buf.in_desc, buf.out_desc)
         buf.enqueue(plugin, stream)

@@ -15,36 +15,61 @@ import rms_norm_plugin_cutedsl as sample
 
 HIDDEN = [1, 7, 100, 256, 1000, 1024, 4096, 8192, 16384]
 ARCHES = ["sm_80", "sm_90a"]
+ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# Every X x W combination; Y has X's dtype.
+COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 
-def ptx_of(dtype, hidden, arch):
-    return sample.compile_rms_norm(dtype, hidden, arch=arch, keep_ptx=True).__ptx__
+def ptx_of(dtype, hidden, arch, w_dtype="float32"):
+    return sample.compile_rms_norm(dtype, hidden, arch=arch, w_dtype=w_dtype, keep_ptx=True).__ptx__
 
 
 def global_accesses(ptx):
     return set(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx))
 
 
+def access_bytes(access):
+    """Bytes one access moves: ld.global.v4.b32 16, ld.global.v4.b16 and ld.global.v2.b32 8."""
+    lanes, bits = re.search(r"(?:\.v(\d+))?\.[bfsu](\d+)$", access).groups()
+    return int(lanes or 1) * int(bits) // 8
+
+
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("hidden", HIDDEN)
 def test_kernel_compiles_for_target(arch, dtype, hidden):
     ptx = ptx_of(dtype, hidden, arch)
     assert re.search(rf"^\.target {arch}\b", ptx, re.M), "compiled for the wrong architecture"
     assert "rsqrt.approx.ftz.f32" in ptx, "one FP32 reciprocal square root per row (default eps: flush-to-zero form)"
     assert any(a.startswith("st.global") for a in global_accesses(ptx))
-    plan = sample.plan_kernel(hidden)
+    plan = sample.plan_kernel(hidden, ELEM_BYTES[dtype])
     assert ("bar.sync" in ptx or "barrier.sync" in ptx) == (plan.threads_per_row > 32)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
 @pytest.mark.parametrize("hidden", [256, 1000, 1024, 4096, 8192, 16384])
-def test_aligned_rows_use_128_bit_global_accesses_only(dtype, hidden):
-    """hidden % 8 == 0: every X/Y access is one 16-byte vector and W is read 16 bytes at a time.
+def test_aligned_rows_use_128_bit_global_accesses_only(dtype, w_dtype, hidden):
+    """hidden % 8 == 0: every X/Y access is one 16-byte vector, and W is read in vectors of as many elements:
+    16 bytes at a time, except under fp32 X (4-element vectors), where a 16-bit W vector is one 8-byte load.
 
     (A staged row reads X by 16-byte cp.async instead of ld.global: see the next test.)"""
-    accesses = global_accesses(ptx_of(dtype, hidden, "sm_90a"))
-    assert accesses == {"ld.global.v4.b32", "st.global.v4.b32"}, accesses
+    accesses = global_accesses(ptx_of(dtype, hidden, "sm_90a", w_dtype))
+    w_load_bytes = min(16, 16 // ELEM_BYTES[dtype] * ELEM_BYTES[w_dtype])
+    assert {access_bytes(a) for a in accesses if a.startswith("st.")} == {16}, accesses
+    assert {access_bytes(a) for a in accesses if a.startswith("ld.")} == {16, w_load_bytes}, accesses
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_every_dtype_combination_compiles_and_names_its_kernel_apart(arch, dtype):
+    """One kernel per X x W combination: the entry's name differs by W, so two combinations in one engine
+    (and in the AOT flavor's PTX) never collide."""
+    names = {}
+    for w in ("float32", "float16", "bfloat16"):
+        ptx = ptx_of(dtype, 1024, arch, w)
+        assert re.search(rf"^\.target {arch}\b", ptx, re.M)
+        (names[w],) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M)
+    assert len(set(names.values())) == 3, names
 
 
 # (hidden, threads per row when staged, else None), worked out by hand from ROW_PLANS: vectors of 8
@@ -99,30 +124,60 @@ def test_threads_per_row_come_in_whole_warps(hidden, threads, vecs, rows):
     assert (plan.threads_per_row, plan.vecs_per_thread, plan.rows_per_cta) == (threads, vecs, rows)
 
 
-@pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 8192, 16384])
-def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden):
-    """What the AOT launch asks TensorRT for: hidden * 2 bytes per staged row, 4 per warp of a multi-warp row."""
-    plan = sample.plan_kernel(hidden)
+@pytest.mark.parametrize("w_dtype, w_loads_per_vector", [("float32", 1), ("float16", 1), ("bfloat16", 1)])
+@pytest.mark.parametrize("hidden,staged", [(1024, False), (1028, True), (2048, True), (3072, True), (3076, True),
+                                           (1030, False), (4096, False)])
+def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_vector, hidden, staged):
+    """The same row sizes in bytes hold for fp32 X (4 elements per 16-byte vector): rows of 4-15 KB (1028-3840
+    elements), hidden % 4 == 0, are staged by 16-byte cp.async.cg, 16 KB rows (4096) are not; W's vector of 4
+    elements is one load (16 or 8 bytes)."""
+    plan = sample.plan_kernel(hidden, 4)
+    assert plan.stage_x == staged
+    ptx = ptx_of("float32", hidden, "sm_90a", w_dtype)
+    copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
+    if not staged:
+        assert "cp.async" not in ptx
+        return
+    assert copies == [("cg", "16")] * plan.vecs_per_thread, copies
+    assert len(re.findall(r"\bld\.global\.", ptx)) == w_loads_per_vector * plan.vecs_per_thread
+
+
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 8192, 16384])
+def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, elem_bytes):
+    """What the AOT launch asks TensorRT for: hidden * element bytes per staged row, 4 per warp of a
+    multi-warp row."""
+    plan = sample.plan_kernel(hidden, elem_bytes)
     rows = plan.rows_per_cta
-    staged = rows * hidden * 2 if plan.stage_x else 0
+    staged = rows * hidden * elem_bytes if plan.stage_x else 0
     warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
     assert plan.shared_memory_bytes == staged + warp_sums
     assert plan.shared_memory_bytes <= 48 * 1024, "more would need an opt-in launch attribute"
 
 
+ON_CHIP_CASES = (
+    [(x, "float32", h) for x in ("float16", "bfloat16") for h in (1, 100, 1024, 2560, 4096, 5120, 8192, 16384,
+                                                                  sample.MAX_HIDDEN)]
+    + [(x, w, h) for x in ("float16", "bfloat16") for w in ("float16", "bfloat16") for h in (4096, 8192,
+                                                                                            sample.MAX_HIDDEN)]
+    + [("float32", w, h) for w in ("float32", "float16", "bfloat16") for h in (1, 100, 1024, 2048, 3072, 4096,
+                                                                                8192, 16384, sample.MAX_HIDDEN)]
+)
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden", [1, 100, 1024, 2560, 4096, 5120, 8192, 16384, sample.MAX_HIDDEN])
-def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidden):
+@pytest.mark.parametrize("dtype, w_dtype, hidden", ON_CHIP_CASES)
+def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, w_dtype, hidden):
     """No spills and >= 768 resident threads per SM on sm_90 (64K registers, 228 KB shared memory).
 
     768 is what the plan gives its register-heaviest rows (hidden 8192 with X and W in registers, 80
     registers, 3 CTAs of 256 threads; staged rows with W's FP32 vectors held through the reduction, 72-78
     registers); one more register allocation step there would drop a CTA per SM,
     i.e. fewer rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
+    fp32 X at MAX_HIDDEN holds 8 vectors of 4 per thread in 1024-thread CTAs: at most 64 registers each.
     """
     path = tmp_path / "k.ptx"
-    path.write_text(ptx_of(dtype, hidden, "sm_90a"))
+    path.write_text(ptx_of(dtype, hidden, "sm_90a", w_dtype))
     proc = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -130,7 +185,7 @@ def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, hidd
         r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr).groups())
     assert (frame, spill_st, spill_ld) == (0, 0, 0), proc.stderr
     regs = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
-    plan = sample.plan_kernel(hidden)
+    plan = sample.plan_kernel(hidden, ELEM_BYTES[dtype])
     cta = plan.cta_threads
     ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * cta),  # 8-register allocation unit
                       228 * 1024 // (plan.shared_memory_bytes + 1024),  # 1 KB per CTA reserved by the system
@@ -202,9 +257,12 @@ def test_out_of_range_hidden_is_refused(hidden):
 
 
 def test_max_hidden_is_the_longest_row_the_plan_holds_in_registers():
-    """The flags check MAX_HIDDEN before the plan exists; it must be the plan's real limit."""
-    plan = sample.plan_kernel(sample.MAX_HIDDEN)
-    assert plan.threads_per_row == 1024 and plan.vecs_per_thread * plan.vec * plan.threads_per_row == 32768
+    """The flags check MAX_HIDDEN before the plan exists; it must be the plan's real limit, for 16-bit and
+    fp32 rows alike (an fp32 row takes twice the vectors of half the elements)."""
+    for elem_bytes in (2, 4):
+        plan = sample.plan_kernel(sample.MAX_HIDDEN, elem_bytes)
+        assert plan.threads_per_row == 1024 and plan.vecs_per_thread * plan.vec * plan.threads_per_row == 32768
+        assert plan.vec * elem_bytes == 16 and not plan.stage_x
     assert sample.MAX_HIDDEN == 32768
 
 
@@ -212,6 +270,10 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
     a = sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a")
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a") is a
     assert sample.compile_rms_norm("bfloat16", 1024, 1e-5, arch="sm_90a") is not a
+    assert sample.compile_rms_norm("float32", 1024, 1e-5, arch="sm_90a") is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16") is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="bfloat16") is not \
+        sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16")
     assert sample.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a
@@ -229,7 +291,7 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
 
 def test_dtype_table_names_the_same_type_in_every_library():
     """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size, ONNX names the same
-    type; rtol is one ulp."""
+    type; a 16-bit Y's rtol is one ulp (fp32's is derived in test_tolerance.py)."""
     import cutlass
     import numpy as np
     import onnx
@@ -246,6 +308,8 @@ def test_dtype_table_names_the_same_type_in_every_library():
             assert np.dtype(row.cupy) == np.dtype(name)
         assert getattr(trt.DataType, row.trt).itemsize == row.bytes
         assert str(onnx.helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, row.onnx))) == name
-    for name in sample.ACTIVATION_DTYPES:
+    for name in ("float16", "bfloat16"):
         assert sample.DTYPES[name].rtol == torch.finfo(getattr(torch, name)).eps
-    assert sorted(sample.ACTIVATION_DTYPES) == ["bfloat16", "float16"]
+    assert sample.DTYPES["float32"].rtol == 2.0 ** -18
+    assert sorted(sample.ACTIVATION_DTYPES) == sorted(sample.WEIGHT_DTYPES) == ["bfloat16", "float16", "float32"]
+    assert sample.WEIGHT_DTYPES[0] == "float32", "the default W"

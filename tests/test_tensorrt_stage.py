@@ -39,7 +39,7 @@ def no_gpu_check(monkeypatch):
     monkeypatch.setattr(sample, "check_environment", lambda: None)  # double: there is no GPU here
 
 
-def failing_build(*args, source="plugin"):
+def failing_build(*args, source="plugin", w_dtype="float32"):
     """Double of build_engine (needs TensorRT): fails at the engine build, as Polygraphy does."""
     with sample.tensorrt_stage("engine build"):
         G_LOGGER.critical("Invalid Engine. Please ensure the engine was built correctly")
@@ -54,7 +54,7 @@ def test_main_exits_2_when_the_build_fails(monkeypatch, capsys, no_gpu_check):
 
 
 def test_main_exits_2_when_the_execution_context_fails(monkeypatch, capsys, no_gpu_check):
-    monkeypatch.setattr(sample, "build_engine", lambda *args, source: object())  # double: an engine
+    monkeypatch.setattr(sample, "build_engine", lambda *args, source, w_dtype: object())  # double: an engine
 
     def failing_run(*args):  # double of run_and_check: TrtRunner cannot create its context
         G_LOGGER.critical("Invalid Context. See error log for details.")
@@ -67,7 +67,7 @@ def test_main_exits_2_when_the_execution_context_fails(monkeypatch, capsys, no_g
 
 
 def test_a_mismatch_stays_exit_1(monkeypatch, capsys, no_gpu_check):
-    monkeypatch.setattr(sample, "build_engine", lambda *args, source: object())  # double: an engine
+    monkeypatch.setattr(sample, "build_engine", lambda *args, source, w_dtype: object())  # double: an engine
     monkeypatch.setattr(sample, "run_and_check", lambda *args: False)  # double: a run that did not match
     assert sample.main(sample.parse_args([])) == 1
     assert capsys.readouterr().out.splitlines()[-1] == "Inference result incorrect!"

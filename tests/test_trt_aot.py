@@ -17,12 +17,14 @@ pytestmark = pytest.mark.trt
 AOT_SCRIPT = ROOT / "rms_norm_aot_cutedsl.py"
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
+                                            ("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "float16")])
 @pytest.mark.parametrize("extra", [[], ["--hidden-dim", "4096", "--epsilon", "1e-3"]])
-def test_aot_script_builds_runs_and_checks(dtype, extra):
+def test_aot_script_builds_runs_and_checks(dtype, w_dtype, extra):
     """Builds through tensorrt.plugin's real get_launch_params (issue 19 item 1) with a float32-array
     epsilon attribute, which every TensorRT from 10.9 parses under NumPy 2.4 (item 2)."""
-    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype, *extra], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype, "--weight-dtype", w_dtype, *extra],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Inference result correct!" in proc.stdout
 

@@ -21,9 +21,10 @@ def run_script(*args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_script_builds_runs_and_checks_min_opt_max(dtype):
-    code, out, err = run_script("--dtype", dtype)
+@pytest.mark.parametrize("dtype, w_dtype", [(x, w) for x in ("float16", "bfloat16", "float32")
+                                             for w in ("float32", "float16", "bfloat16")])
+def test_script_builds_runs_and_checks_min_opt_max(dtype, w_dtype):
+    code, out, err = run_script("--dtype", dtype, "--weight-dtype", w_dtype)
     assert code == 0, out + err
     assert "Inference result correct!" in out
     for tokens in (128, 1, 512, 37):
@@ -163,9 +164,10 @@ def test_execute_async_v3_captured_in_a_cuda_graph():
         assert ok, err
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_engine_built_through_the_onnx_parser_checks_out(dtype):
-    code, out, err = run_script("--from-onnx", "--dtype", dtype)
+@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"), ("float16", "float16"),
+                                            ("float32", "bfloat16")])
+def test_engine_built_through_the_onnx_parser_checks_out(dtype, w_dtype):
+    code, out, err = run_script("--from-onnx", "--dtype", dtype, "--weight-dtype", w_dtype)
     assert code == 0, out + err
     assert "Inference result correct!" in out
 

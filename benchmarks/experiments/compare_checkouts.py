@@ -68,8 +68,8 @@ def main():
                 calls[name]()
             torch.cuda.synchronize()
             if not torch.equal(ys["base"], ys["new"]):  # a retuned kernel may round differently, not wrongly
-                rtol = samples["new"].DTYPES[dtype].rtol
-                bad = {name: out_of_tolerance(y, x, w, rtol, samples["new"].CHECK_ATOL) for name, y in ys.items()}
+                names = samples["new"].DTYPES[dtype]
+                bad = {name: out_of_tolerance(y, x, w, names.rtol, names.atol) for name, y in ys.items()}
                 assert not any(bad.values()), f"outputs out of tolerance at {dtype} {tokens}x{hidden}: {bad}"
                 print(f"outputs differ at {dtype} {tokens}x{hidden}, both within tolerance", flush=True)
             times = interleaved_rounds({name: graph_timer(calls[name], tokens, hidden) for name in samples},
