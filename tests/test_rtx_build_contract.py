@@ -21,7 +21,6 @@ What is checked:
 """
 
 import concurrent.futures
-import importlib.util
 import json
 import os
 import pathlib
@@ -44,6 +43,7 @@ BUILDS = {
     "x_float32": dict(dtype="float32"),
     "hidden_mismatch": dict(x_hidden=1024, w_hidden=512),
     "x_rank3": dict(x_rank=3),
+    "x_rank1": dict(x_rank=1),
     "hidden_dynamic": dict(x_hidden="dynamic", w_hidden=1024),
     "hidden_too_large": dict(x_hidden=32776, w_hidden=32776),
     "epsilon_missing": dict(epsilon=None),
@@ -53,27 +53,12 @@ BUILDS = {
     "epsilon_int": dict(epsilon=1, epsilon_type="int"),
     "epsilon_two_values": dict(epsilon=1e-5, epsilon_type="floats"),
     "buggy_serialize": dict(epsilon=SMALL_EPS, buggy_serialize=True),
-    # what --from-onnx parses, and what --compare-builtin builds instead of the plugin
+    # what --from-onnx parses, and what --compare-builtin builds instead of the plugin (ONNX RMSNormalization)
     "sample_onnx_fp16": dict(source="sample_onnx", dtype="float16", epsilon=SMALL_EPS),
     "sample_onnx_bf16": dict(source="sample_onnx", dtype="bfloat16", epsilon=ROUND_EPS),
     "builtin_fp16": dict(source="sample_builtin", dtype="float16"),
     "builtin_bf16": dict(source="sample_builtin", dtype="bfloat16"),
 }
-
-
-@pytest.fixture(scope="session")
-def rtx_lib_dir(tmp_path_factory):
-    """A directory with libtensorrt_rtx.so -> the wheel's libtensorrt_rtx.so.1 (the ONNX parser dlopens the former)."""
-    pytest.importorskip("tensorrt_rtx")
-    spec = importlib.util.find_spec("tensorrt_rtx_libs")  # locates the wheel without loading its libraries
-    if spec is None or spec.origin is None:
-        pytest.skip("tensorrt_rtx_libs (the TensorRT-RTX library wheel) is not installed")
-    so1 = pathlib.Path(spec.origin).parent / "libtensorrt_rtx.so.1"
-    if not so1.exists():
-        pytest.skip(f"{so1} does not exist")
-    lib_dir = tmp_path_factory.mktemp("rtx_libs")
-    (lib_dir / "libtensorrt_rtx.so").symlink_to(so1)
-    return lib_dir
 
 
 class Build:
@@ -162,7 +147,7 @@ def test_engine_record_check_catches_a_dangling_field_buffer(builds):
     [
         ("x_float32", "X must be float16 or bfloat16"),
         ("hidden_mismatch", "X hidden 1024 != W size 512"),
-        ("x_rank3", "expects X [num_tokens, hidden]"),
+        ("x_rank1", "expects X [..., hidden] of rank 2 or more"),
         ("hidden_dynamic", "the hidden dimension of X must be static"),
         ("hidden_too_large", "hidden must be in [1, 32768], got 32776"),
     ],
@@ -213,9 +198,20 @@ def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, na
     assert w == ((HIDDEN,),) * 3
 
 
-@pytest.mark.parametrize("name", ["builtin_fp16", "builtin_bf16"])
-def test_builtin_layer_composition_builds_for_the_profile(builds, name):
+@pytest.mark.parametrize("name, trt_type", [("builtin_fp16", "DataType.HALF"), ("builtin_bf16", "DataType.BF16")])
+def test_tensorrt_imports_the_onnx_rms_normalization_node_and_builds(builds, name, trt_type):
+    """--compare-builtin's engine: TensorRT's parser imports the opset-23 op itself (no plugin involved)."""
     build = builds[name]
+    assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
     assert build["engine_size"] > 0
+    assert build["outputs"] == [["Y", trt_type]]  # the plugin engine's bindings: Y in X's dtype
     assert build["configure_plugin"] == [], "the comparison engine must not contain the plugin"
+
+
+def test_x_of_rank_3_builds_and_the_plugin_sees_every_dimension(builds):
+    """[num_tokens, 2, hidden]: the plugin takes any rank >= 2 (enqueue multiplies the leading dimensions)."""
+    build = builds["x_rank3"]
+    assert build["build_ok"], build.messages()
+    x, _ = build.configure_inputs()
+    assert x == ((1, 2, HIDDEN), (128, 2, HIDDEN), (512, 2, HIDDEN))
