@@ -67,14 +67,14 @@ OP_NAME = "rms_norm_cutedsl::rms_norm"
 AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
 
 
-def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str):
+def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32"):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in."""
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
-    ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, keep_ptx=True).__ptx__
+    ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, w_dtype=w_dtype, keep_ptx=True).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return name, ptx, sample.plan_kernel(hidden)
+    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes)
 
 
 def aot_launch_dims(plan, num_tokens):
@@ -121,7 +121,7 @@ def register_aot_op(arch: str):
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    names = {getattr(trt.DataType, sample.DTYPES[n].trt): n for n in sample.ACTIVATION_DTYPES}
+    names = {getattr(trt.DataType, row.trt): name for name, row in sample.DTYPES.items()}
 
     @trtp.register(OP_NAME)
     def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32]) -> trtp.TensorDesc:
@@ -131,8 +131,8 @@ def register_aot_op(arch: str):
     @trtp.autotune(OP_NAME)
     def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
                          outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        """X and Y fp16 or bf16 (tied by '|'), W fp32, all linear: what the kernel handles."""
-        return [trtp.AutoTuneCombination("FP16|BF16, FP32, FP16|BF16", "LINEAR")]
+        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
+        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
 
     @trtp.aot_impl(OP_NAME)
     def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
@@ -143,7 +143,8 @@ def register_aot_op(arch: str):
         if not hidden_expr.is_constant:
             raise ValueError(f"{OP_NAME}: the hidden dimension must be static (it is compiled into the kernel)")
         # is_constant is a property but constant_value() a method (tensorrt.plugin's ShapeExpr).
-        name, ptx, plan = aot_kernel(names[x.dtype], hidden_expr.constant_value(), float(epsilon[0]), arch)
+        name, ptx, plan = aot_kernel(names[x.dtype], hidden_expr.constant_value(), float(epsilon[0]), arch,
+                                     names[w.dtype])
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
@@ -159,7 +160,8 @@ def register_aot_op(arch: str):
     _REGISTERED = True
 
 
-def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float):
+def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
+                     w_dtype: str = "float32"):
     """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself."""
     import numpy as np
     import tensorrt as trt
@@ -172,7 +174,7 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
     x = network.add_input("X", getattr(trt.DataType, sample.DTYPES[dtype].trt), (-1, hidden))
-    w = network.add_input("W", trt.DataType.FLOAT, (hidden,))
+    w = network.add_input("W", getattr(trt.DataType, sample.DTYPES[w_dtype].trt), (hidden,))
     op = trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
     y = network.add_plugin(op(x, w, epsilon=eps), aot=True).get_output(0)
@@ -231,17 +233,18 @@ def main(argv=None) -> int:
         else:
             with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
                 engine = build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
-                                          args.max_tokens, args.epsilon)
+                                          args.max_tokens, args.epsilon, args.weight_dtype)
             if args.engine:
                 sample.save_engine(args.engine, engine.serialize(), record)
                 print(f"Saved engine to {args.engine} (and its record to {args.engine}.json); run it without "
                       f"Python plugins: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
         counts = sample.token_counts(args)
-        print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+        print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
         print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes).describe())
         with sample.tensorrt_stage("execution context"):
-            correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+            correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
+                                           args.weight_dtype)
     except (UsageError, sample.EngineLoadError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

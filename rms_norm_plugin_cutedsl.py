@@ -68,13 +68,14 @@ class DTypeNames:
     rtol: float | None   # check_output's tolerance relative to |ref|: one ulp of the output (see [7])
 
 
-# X and Y are fp16 or bf16 (ACTIVATION_DTYPES); the weight W is always float32.
+# Every X dtype works with every W dtype (nine combinations): the kernel reads W as FP32 whatever its dtype.
 DTYPES = {
     "float16": DTypeNames(trt="HALF", torch="float16", cute="Float16", cupy="float16", onnx="FLOAT16", bytes=2, rtol=2.0 ** -10),
     "bfloat16": DTypeNames(trt="BF16", torch="bfloat16", cute="BFloat16", cupy="int16", onnx="BFLOAT16", bytes=2, rtol=2.0 ** -7),
     "float32": DTypeNames(trt="FLOAT", torch="float32", cute="Float32", cupy="float32", onnx="FLOAT", bytes=4, rtol=None),
 }
-ACTIVATION_DTYPES = ("float16", "bfloat16")
+ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")  # X, and Y, which has X's dtype
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")      # W; float32 first, as the default
 
 
 class UsageError(Exception):
@@ -115,6 +116,7 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--opt-tokens", type=int, default=128, help="profile optimum (default 128)")
     parser.add_argument("--max-tokens", type=int, default=512, help="profile maximum (default 512)")
     parser.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="X/Y dtype (default float16)")
+    parser.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="float32", help="W dtype (default float32)")
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
     parser.add_argument("--engine", metavar="PATH",
                         help="load the engine from PATH if it exists (checked against PATH.json, the record of the "
@@ -241,7 +243,7 @@ except ImportError:
 #
 # computed in float64 from the same low-precision inputs the kernel reads, so
 # the only differences left are the kernel's FP32 arithmetic and its final
-# rounding to fp16/bf16.
+# rounding to X's dtype.
 
 
 def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarray:
@@ -255,15 +257,17 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # %% [2] The CuteDSL kernel -----------------------------------------------------
 #
 # Memory-traffic model. RMSNorm does ~4 FLOPs per element and is bound by
-# memory: per call it reads N*H*2 bytes of X (fp16/bf16), H*4 bytes of the
-# FP32 weight, and writes N*H*2 bytes of Y. GB/s below always means
-#     (2*N*H*2 + H*4) / seconds.
+# memory: per call it reads N*H*x bytes of X, H*w bytes of W, and writes
+# N*H*x bytes of Y (x, w: bytes per element; fp16 X and fp32 W: 2 and 4).
+# GB/s below always means
+#     (2*N*H*x + H*w) / seconds.
 # The floor is a device-to-device copy of X into Y, so the kernel must read
 # each X element from DRAM exactly once: a whole row stays on chip between
 # the reduction and the store, in registers or staged in shared memory.
 #
 # Work split. A row of H elements is cut into 16-byte vectors (8 fp16/bf16
-# values; fewer when H is not a multiple of 8). T = threads_per_row threads
+# or 4 fp32 values; fewer when H is not a multiple of that), and W into
+# vectors of as many elements as X's. T = threads_per_row threads
 # share a row and thread t owns vectors t, t+T, t+2T, ... so neighbouring
 # threads touch neighbouring 16-byte chunks (coalesced). Short rows share a
 # CTA (rows_per_cta rows side by side). plan_kernel() picks the numbers.
@@ -294,6 +298,8 @@ EARLY_WEIGHT_ROW_BYTES = 16384  # tuned: up to this size W is loaded before the 
 MIN_CTA_THREADS = 128           # tuned: short rows are packed until a CTA has this many threads
 # MAX_HIDDEN (top of the file) is the longest row these hold in registers:
 # MAX_CTA_THREADS x LONG_ROW_VECS_PER_THREAD vectors of 8 fp16/bf16 elements.
+# An fp32 row as long takes twice the vectors per thread and still stays in
+# registers without spills (tests/test_kernel_compile.py checks both).
 
 
 @dataclass(frozen=True)
@@ -301,7 +307,7 @@ class KernelPlan:
     """How one hidden size maps onto threads; the kernel receives it whole, as one compile-time value."""
 
     hidden: int
-    elem_bytes: int       # bytes per X/Y element (2: fp16 or bf16)
+    elem_bytes: int       # bytes per X/Y element (2: fp16 or bf16, 4: fp32)
     vec: int              # elements per vector access
     threads_per_row: int
     rows_per_cta: int
@@ -420,8 +426,8 @@ def copy_vectors(t: Int32, plan: cutlass.Constexpr, *copies, atom=None, transfor
 
 @cute.kernel
 def rms_norm_kernel(
-    x_ptr: cute.Pointer,  # X [num_tokens, hidden], fp16/bf16, 16-byte aligned
-    w_ptr: cute.Pointer,  # W [hidden], fp32
+    x_ptr: cute.Pointer,  # X [num_tokens, hidden], fp16, bf16 or fp32, 16-byte aligned
+    w_ptr: cute.Pointer,  # W [hidden], fp32, fp16 or bf16, 16-byte aligned
     num_tokens: Int32,
     y_ptr: cute.Pointer,  # Y, like X
     plan: cutlass.Constexpr,
@@ -448,8 +454,10 @@ def rms_norm_kernel(
 
     # Step 1: each thread loads its vectors of X (and, unless rows are very long,
     # of W) into registers. Unowned slots stay zero: they add nothing to the sum.
+    # W keeps its own dtype in registers (a 16-bit W holds half as many through
+    # the reduction) and becomes FP32 in Step 5, where it is used.
     tXrX = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mX.element_type)
-    tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), Float32)
+    tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mW.element_type)
     tXrX.fill(0.0)
     tWrW.fill(0.0)
     early_w = ((mW, tWrW, True),) if cutlass.const_expr(plan.early_weight) else ()
@@ -514,20 +522,20 @@ def rms_norm_kernel(
         copy_vectors(t, plan, (mW, tWrW, True))
     if cutlass.const_expr(plan.stage_x):
         def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
-            return (values.to(Float32) * rstd * tWrW[None, k].load()).to(mY.element_type)
+            return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
 
         if row_ok:
             copy_vectors(t, plan, ((sX, row_in_cta), (mY, row), True), transform=normalize)
     else:
         tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
-        tYrY.store((x * rstd * tWrW.load()).to(mY.element_type))
+        tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
         if row_ok:
             copy_vectors(t, plan, (tYrY, (mY, row), True))
 
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
-# Baked in at compile time: X/Y dtype, the plan (hidden size, vector width,
+# Baked in at compile time: the X/Y and W dtypes, the plan (hidden size, vector width,
 # threads per row, rows per CTA, registers or shared memory), epsilon, and the
 # 16-byte alignment of the three base pointers. Runtime arguments: the three
 # addresses, num_tokens and the stream. One compiled kernel therefore serves
@@ -562,10 +570,10 @@ _COMPILE_LOCK = threading.Lock()
 
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
-                     keep_ptx: bool = False):
-    """Compile the launcher for one dtype, hidden size and epsilon, once per process.
+                     w_dtype: str = "float32", keep_ptx: bool = False):
+    """Compile the launcher for one X/Y dtype, W dtype, hidden size and epsilon, once per process.
 
-    The cache key is exactly what the compiled code bakes in: dtype, hidden,
+    The cache key is exactly what the compiled code bakes in: both dtypes, hidden,
     epsilon (as the float32 the kernel uses) and the GPU architecture.
     ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU; ``None`` targets the
     current GPU. ``keep_ptx=True`` bypasses the cache and returns a fresh
@@ -573,10 +581,12 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     """
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"dtype must be one of {list(ACTIVATION_DTYPES)}, got {dtype!r}")
+    if w_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"w_dtype must be one of {list(WEIGHT_DTYPES)}, got {w_dtype!r}")
     plan = plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
     epsilon = validate_epsilon(epsilon)
     arch = arch or gpu_arch()
-    key = (dtype, hidden, epsilon, arch)
+    key = (dtype, w_dtype, hidden, epsilon, arch)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
             elem = getattr(cutlass, DTYPES[dtype].cute)
@@ -584,7 +594,7 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
             fake = cute.runtime.make_fake_compact_tensor
             fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
             fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
-            fake_w = fake(Float32, (hidden,), assumed_align=VECTOR_BYTES)
+            fake_w = fake(getattr(cutlass, DTYPES[w_dtype].cute), (hidden,), assumed_align=VECTOR_BYTES)
             args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), plan, epsilon)
             if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
                 with tempfile.TemporaryDirectory() as dump_dir:
@@ -596,7 +606,8 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
 def rms_norm_torch(x: "torch.Tensor", w: "torch.Tensor", epsilon: float = DEFAULT_EPSILON, out=None):
     """The kernel on torch CUDA tensors, on torch's current stream: the same code path without TensorRT."""
     out = torch.empty_like(x) if out is None else out
-    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], epsilon)
+    kernel = compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], epsilon,
+                              w_dtype=str(w.dtype).removeprefix("torch."))
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     x2, y2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
     kernel(from_dlpack(x2, assumed_align=VECTOR_BYTES), from_dlpack(w, assumed_align=VECTOR_BYTES),
@@ -662,12 +673,12 @@ def trt_dtype(dtype: str):
     return getattr(trt.DataType, DTYPES[dtype].trt)
 
 
-def _io_dtype(trt_type) -> str:
-    """Name of a TensorRT activation dtype this kernel handles, or raise ValueError."""
-    for dtype in ACTIVATION_DTYPES:
+def _dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
+    """The name in `allowed` of `tensor`'s TensorRT dtype, or raise ValueError saying what is allowed."""
+    for dtype in allowed:
         if trt_type == trt_dtype(dtype):
             return dtype
-    raise ValueError(f"{PLUGIN_NAME}: X must be float16 or bfloat16, got {trt_type}")
+    raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {trt_type}")
 
 
 class RmsNormPlugin(*_PLUGIN_BASES):
@@ -689,7 +700,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         )
         # Run-time state of one execution context; never serialized, never shared.
         self._kernel = None      # compiled launcher, set by on_shape_change
-        self._io = None          # (dtype, hidden) the kernel was compiled for
+        self._io = None          # (X dtype, hidden, W dtype) the kernel was compiled for
         self._device = None
         self._wrapped = {}       # (x, w, y addresses) -> their CuTe tensors (the handoff, done once)
         self._streams = {}       # raw stream handle -> cuda.CUstream
@@ -705,10 +716,9 @@ class RmsNormPlugin(*_PLUGIN_BASES):
 
     # -- IPluginV3OneBuild -------------------------------------------------------------
     def get_output_data_types(self, input_types):
-        """Build time (network construction): Y has X's dtype; X must be fp16/bf16, W fp32."""
-        _io_dtype(input_types[0])
-        if input_types[1] != trt_dtype("float32"):
-            raise ValueError(f"{PLUGIN_NAME}: W must be float32, got {input_types[1]}")
+        """Build time (network construction): Y has X's dtype; X and W each fp16, bf16 or fp32."""
+        _dtype_name(input_types[0], "X", ACTIVATION_DTYPES)
+        _dtype_name(input_types[1], "W", WEIGHT_DTYPES)
         return [input_types[0]]
 
     def get_output_shapes(self, inputs, shape_inputs, expr_builder):
@@ -728,14 +738,14 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         return [trt.DimsExprs(inputs[0])]
 
     def supports_format_combination(self, pos, in_out, num_inputs):
-        """Build time, per I/O slot: linear fp16/bf16 X and Y of one dtype, linear fp32 W."""
+        """Build time, per I/O slot: linear X and W, each fp16, bf16 or fp32, and a linear Y of X's dtype."""
         desc = in_out[pos].desc
         if desc.format != trt.TensorFormat.LINEAR:
             return False
         if pos == 0:
             return desc.type in [trt_dtype(dtype) for dtype in ACTIVATION_DTYPES]
         if pos == 1:
-            return desc.type == trt_dtype("float32")
+            return desc.type in [trt_dtype(dtype) for dtype in WEIGHT_DTYPES]
         return desc.type == in_out[0].desc.type
 
     def configure_plugin(self, inp, out):
@@ -763,9 +773,11 @@ class RmsNormPlugin(*_PLUGIN_BASES):
 
     def on_shape_change(self, inp, out):
         """Run time, before the first enqueue and whenever shapes change: compile here, never in enqueue."""
-        io = (_io_dtype(inp[0].type), inp[0].dims[-1])
+        io = (_dtype_name(inp[0].type, "X", ACTIVATION_DTYPES), inp[0].dims[-1],
+              _dtype_name(inp[1].type, "W", WEIGHT_DTYPES))
         if io != self._io:
-            self._kernel = compile_rms_norm(*io, self.epsilon)
+            dtype, hidden, w_dtype = io
+            self._kernel = compile_rms_norm(dtype, hidden, self.epsilon, w_dtype=w_dtype)
             self._io = io
             self._device = torch.cuda.current_device()
             self._wrapped.clear()
@@ -791,12 +803,12 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         shape change costs no new handoff. (A kernel that read mX.shape would
         need num_tokens in this cache's key.)
         """
-        dtype, hidden = self._io
+        dtype, hidden, w_dtype = self._io
         if len(self._wrapped) >= 256:  # addresses that change every call must not grow the cache
             self._wrapped.clear()
         tensors = (
             cute_tensor_from_pointer(x_ptr, (num_tokens, hidden), dtype, self._device),
-            cute_tensor_from_pointer(w_ptr, (hidden,), "float32", self._device),
+            cute_tensor_from_pointer(w_ptr, (hidden,), w_dtype, self._device),
             cute_tensor_from_pointer(y_ptr, (num_tokens, hidden), dtype, self._device),
         )
         self._wrapped[(x_ptr, w_ptr, y_ptr)] = tensors
@@ -861,10 +873,10 @@ def register_creator():
 # tensor dtypes come from the inputs and get_output_data_types, not from
 # builder precision flags.
 
-def _add_io(network, hidden: int, dtype: str):
-    """The inputs X [-1, hidden] (dtype) and W [hidden] (fp32) every network here starts from."""
+def _add_io(network, hidden: int, dtype: str, w_dtype: str):
+    """The inputs X [-1, hidden] (dtype) and W [hidden] (w_dtype) every network here starts from."""
     x = network.add_input("X", trt_dtype(dtype), (-1, hidden))
-    w = network.add_input("W", trt_dtype("float32"), (hidden,))
+    w = network.add_input("W", trt_dtype(w_dtype), (hidden,))
     return x, w
 
 
@@ -874,7 +886,7 @@ def _mark_y(network, layer):
     network.mark_output(y)
 
 
-def define_plugin_network(network, hidden: int, dtype: str, epsilon: float):
+def define_plugin_network(network, hidden: int, dtype: str, epsilon: float, w_dtype: str = "float32"):
     """One plugin layer, created through the registry exactly as TensorRT's ONNX parser would.
 
     Returns the plugin, which the caller keeps until the build is done: TensorRT
@@ -884,12 +896,12 @@ def define_plugin_network(network, hidden: int, dtype: str, epsilon: float):
     eps_field = np.array([epsilon], dtype=np.float32)  # alive until create_plugin has copied it
     fields = trt.PluginFieldCollection([trt.PluginField("epsilon", eps_field, trt.PluginFieldType.FLOAT32)])
     plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
-    x, w = _add_io(network, hidden, dtype)
+    x, w = _add_io(network, hidden, dtype, w_dtype)
     _mark_y(network, network.add_plugin_v3([x, w], [], plugin))
     return plugin
 
 
-def make_onnx_model(hidden: int, dtype: str, epsilon: float, builtin: bool = False) -> bytes:
+def make_onnx_model(hidden: int, dtype: str, epsilon: float, w_dtype: str = "float32", builtin: bool = False) -> bytes:
     """A one-node ONNX model whose op type is the plugin's name: how an exported model reaches the plugin.
 
     For an op type it does not know, TensorRT's ONNX parser asks the plugin
@@ -904,7 +916,7 @@ def make_onnx_model(hidden: int, dtype: str, epsilon: float, builtin: bool = Fal
     except ImportError:
         raise UsageError("--from-onnx and --compare-builtin need the onnx package; install it with "
                          "`pip install onnx`") from None
-    elem, w_elem = getattr(TensorProto, DTYPES[dtype].onnx), getattr(TensorProto, DTYPES["float32"].onnx)
+    elem, w_elem = getattr(TensorProto, DTYPES[dtype].onnx), getattr(TensorProto, DTYPES[w_dtype].onnx)
     if builtin:
         # ONNX gives Y the scale's dtype; the cast returns it to X's, so both engines have the same bindings.
         nodes = [helper.make_node("RMSNormalization", ["X", "W"], ["Y_scaled"], name="rms_norm",
@@ -927,7 +939,7 @@ def make_onnx_model(hidden: int, dtype: str, epsilon: float, builtin: bool = Fal
 
 
 def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                 source: str = "plugin"):
+                 source: str = "plugin", w_dtype: str = "float32"):
     """Build an engine: source "plugin" (network API), "onnx" (the plugin through the ONNX parser) or
     "builtin" (TensorRT's own import of ONNX RMSNormalization)."""
     from polygraphy.backend.trt import create_network
@@ -936,10 +948,11 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
     if source != "plugin":
         # The ONNX parser first imports RMSNormalization in TensorRT 10.15 (onnx-tensorrt's changelog).
         stage = "ONNX parse" if source == "onnx" else "ONNX parse (RMSNormalization needs TensorRT 10.15 or newer)"
-        return build_onnx_engine(make_onnx_model(hidden, dtype, epsilon, builtin=source == "builtin"), shapes, stage)
+        model = make_onnx_model(hidden, dtype, epsilon, w_dtype, builtin=source == "builtin")
+        return build_onnx_engine(model, shapes, stage)
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
-        plugin = define_plugin_network(network, hidden, dtype, epsilon)  # noqa: F841 (alive until the build is done)
+        plugin = define_plugin_network(network, hidden, dtype, epsilon, w_dtype)  # noqa: F841 (alive until built)
     return _build((builder, network), shapes)
 
 
@@ -1000,6 +1013,7 @@ def engine_record(args: argparse.Namespace, source: str, plugin: str) -> dict:
         "source": source,
         "plugin": plugin,
         "dtype": args.dtype,
+        "weight_dtype": args.weight_dtype,
         "hidden": args.hidden_dim,
         "profile": [args.min_tokens, args.opt_tokens, args.max_tokens],
         "epsilon": validate_epsilon(args.epsilon),
@@ -1111,11 +1125,11 @@ def engines_tolerance(dtype: str, magnitude, scale):
     return (3 * u + u * u + 2 * FP32_NOISE) * magnitude + finfo.tiny * finfo.eps * (1 + np.abs(scale))
 
 
-def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int):
-    """Random X (rounded to dtype) and W (fp32), deterministic in seed, on the CPU."""
+def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int, w_dtype: str = "float32"):
+    """Random X (rounded to dtype) and W (rounded to w_dtype), deterministic in seed, on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, hidden, generator=gen).to(getattr(torch, DTYPES[dtype].torch))
-    w = torch.rand(hidden, generator=gen) * 2.0 - 0.5
+    w = (torch.rand(hidden, generator=gen) * 2.0 - 0.5).to(getattr(torch, DTYPES[w_dtype].torch))
     return x, w
 
 
@@ -1135,7 +1149,7 @@ def bind_io(context, x, w, y):
         context.set_tensor_address(name, tensor.data_ptr())
 
 
-def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, rtol=None) -> bool:
+def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, w_dtype="float32", rtol=None) -> bool:
     """Run each token count through one execution context and compare with NumPy (rtol: see check_output).
 
     The context runs on torch's buffers and a torch stream, as in time_engine, so
@@ -1146,7 +1160,7 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, rtol=None)
     stream = torch.cuda.Stream()
     all_ok = True
     for i, n in enumerate(token_counts):
-        x, w = make_inputs(n, hidden, dtype, seed + i)
+        x, w = make_inputs(n, hidden, dtype, seed + i, w_dtype)
         xd, wd = x.cuda(), w.cuda()
         yd = torch.full_like(xd, float("nan"))  # an element the engine leaves unwritten fails the check
         bind_io(context, xd, wd, yd)
@@ -1154,7 +1168,8 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, rtol=None)
         if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError(f"TensorRT could not run the engine at {n} tokens; its log above says why")
         stream.synchronize()
-        ok, err = check_output(yd.float().cpu().numpy(), x.float().numpy(), w.numpy(), epsilon, dtype, rtol)
+        ok, err = check_output(yd.float().cpu().numpy(), x.float().numpy(), w.float().numpy(), epsilon, dtype,
+                               rtol)
         print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
         all_ok &= ok
     return all_ok
@@ -1168,10 +1183,10 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, rtol=None)
 # call, which for a Python plugin includes the Python enqueue on the host.
 
 
-def time_engine(engine, tokens: int, hidden: int, dtype: str, iterations: int = 500) -> float:
+def time_engine(engine, tokens: int, hidden: int, dtype: str, w_dtype: str, iterations: int = 500) -> float:
     """Microseconds per execute_async_v3 call at `tokens`, after warm-up."""
     context = engine.create_execution_context()
-    x, w = make_inputs(tokens, hidden, dtype, seed=0)
+    x, w = make_inputs(tokens, hidden, dtype, 0, w_dtype)
     x, w = x.cuda(), w.cuda()
     y = torch.empty_like(x)
     bind_io(context, x, w, y)
@@ -1188,11 +1203,12 @@ def time_engine(engine, tokens: int, hidden: int, dtype: str, iterations: int = 
     return start.elapsed_time(end) * 1e3 / iterations
 
 
-def compare_engines(plugin_engine, builtin_engine, token_counts, hidden: int, dtype: str):
+def compare_engines(plugin_engine, builtin_engine, token_counts, hidden: int, dtype: str, w_dtype: str):
     """Print per-call time of both engines at each token count and which one to deploy."""
     ratios = []
     for n in token_counts:
-        ours, theirs = time_engine(plugin_engine, n, hidden, dtype), time_engine(builtin_engine, n, hidden, dtype)
+        ours = time_engine(plugin_engine, n, hidden, dtype, w_dtype)
+        theirs = time_engine(builtin_engine, n, hidden, dtype, w_dtype)
         ratios.append(ours / theirs)
         print(f"  tokens={n:<5d} plugin {ours:8.2f} us   built-in layers {theirs:8.2f} us   plugin / built-in {ratios[-1]:.2f}")
     if all(r < 1 for r in ratios):
@@ -1259,27 +1275,28 @@ def main(args: argparse.Namespace) -> int:
         else:
             engine = build_engine(
                 args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens, args.epsilon,
-                source=source,
+                source=source, w_dtype=args.weight_dtype,
             )
             if args.engine:
                 save_engine(args.engine, engine.serialize(), record)
                 print(f"Saved engine to {args.engine} and its record to {args.engine}.json")
 
         counts = token_counts(args)  # all through one execution context
-        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, epsilon {args.epsilon:g}, "
+        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
         print(plan_kernel(args.hidden_dim, DTYPES[args.dtype].bytes).describe())
         with tensorrt_stage("execution context"):
-            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed)
+            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
+                                    args.weight_dtype)
         if args.compare_builtin:
             print("TensorRT's own import of ONNX RMSNormalization (two roundings, see [7]):")
             builtin = build_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                                   args.epsilon, source="builtin")
+                                   args.epsilon, source="builtin", w_dtype=args.weight_dtype)
             with tensorrt_stage("execution context"):
                 correct &= run_and_check(builtin, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
-                                         onnx_tolerance(args.dtype))
+                                         args.weight_dtype, onnx_tolerance(args.dtype))
                 compare_engines(engine, builtin, (args.min_tokens, args.opt_tokens, args.max_tokens),
-                                args.hidden_dim, args.dtype)
+                                args.hidden_dim, args.dtype, args.weight_dtype)
     except (UsageError, EngineLoadError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -22,7 +22,8 @@ Run by tests/test_rtx_build_contract.py as a subprocess, because
 Usage:  python tests/rtx_build_worker.py '<json spec>'
 
 Spec keys (all optional):
-    dtype            "float16" (default), "bfloat16" or "float32": dtype of X and Y
+    dtype            "float16" (default), "bfloat16", "float32" or "int32": dtype of X and Y
+    w_dtype          "float32" (default), "float16", "bfloat16" or "int32": dtype of W
     x_hidden         last dimension of X (default 1024); "dynamic": a named (runtime) dimension,
                      which the profile sets to w_hidden
     w_hidden         size of W (default 1024)
@@ -67,7 +68,7 @@ import numpy as np
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 DEFAULTS = dict(
-    dtype="float16", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
+    dtype="float16", w_dtype="float32", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
     profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None,
 )
 
@@ -107,14 +108,19 @@ def stored_epsilons(engine: bytes) -> list:
 def write_onnx(path: str, spec: dict) -> None:
     """One RmsNormPlugin node: X (graph input) and W (initializer) -> Y."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float32": TensorProto.FLOAT}[spec["dtype"]]
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float32": TensorProto.FLOAT,
+            "int32": TensorProto.INT32}
     hidden = "hidden" if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
     x_shape = [hidden] if spec["x_rank"] == 1 else ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
-    x = helper.make_tensor_value_info("X", elem, x_shape)
-    y = helper.make_tensor_value_info("Y", elem, x_shape)
-    w = numpy_helper.from_array(np.linspace(0.5, 1.5, spec["w_hidden"], dtype=np.float32), "W")
+    x = helper.make_tensor_value_info("X", elem[spec["dtype"]], x_shape)
+    y = helper.make_tensor_value_info("Y", elem[spec["dtype"]], x_shape)
+    if spec["w_dtype"] == "int32":
+        values = [1] * spec["w_hidden"]
+    else:  # make_tensor rounds them to W's type, bf16 included (which numpy lacks)
+        values = np.linspace(0.5, 1.5, spec["w_hidden"]).tolist()
+    w = helper.make_tensor("W", elem[spec["w_dtype"]], [spec["w_hidden"]], values)
 
     attrs = {"plugin_version": "1", "plugin_namespace": ""}
     eps = spec["epsilon"]
@@ -196,7 +202,7 @@ def build(spec: dict) -> dict:
             with open(spec["model_path"], "rb") as f:
                 model = f.read()
         else:  # "sample_onnx" or "sample_builtin"
-            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"],
+            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"],
                                            builtin=spec["source"] == "sample_builtin")
         result["parse_ok"] = bool(parser.parse(model))
     result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]

@@ -39,7 +39,8 @@ def test_the_same_flags_reuse_the_engine(saved):
 
 def test_the_record_holds_every_flag_that_shapes_the_engine(saved):
     saved_record = json.load(open(saved + ".json"))
-    assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16", "hidden": 1024,
+    assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16",
+                            "weight_dtype": "float32", "hidden": 1024,
                             "profile": [1, 128, 512], "epsilon": float(np.float32(1e-5)),
                             "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
 
@@ -47,6 +48,7 @@ def test_the_record_holds_every_flag_that_shapes_the_engine(saved):
 @pytest.mark.parametrize("argv,source,shown", [
     (["--epsilon", "1e-3"], "plugin", "epsilon 1e-05, not epsilon 0.001"),
     (["--dtype", "bfloat16"], "plugin", "dtype float16, not dtype bfloat16"),
+    (["--weight-dtype", "float16"], "plugin", "weight_dtype float32, not weight_dtype float16"),
     (["--hidden-dim", "4096"], "plugin", "hidden 1024, not hidden 4096"),
     (["--max-tokens", "1024"], "plugin", "profile [1, 128, 512], not profile [1, 128, 1024]"),
     (["--opt-tokens", "64"], "plugin", "profile [1, 128, 512], not profile [1, 64, 512]"),

@@ -9,15 +9,16 @@ build runs in its own process (see the worker's docstring for why); they run
 in parallel, once per session, and the tests below read the results.
 
 What is checked:
-* fp16 and bf16 engines build; the optimization profile reaches configure_plugin;
+* every X x W dtype combination (X and Y fp16, bf16 or fp32; W fp32, fp16 or
+  bf16) builds with those types; the optimization profile reaches configure_plugin;
 * the engine stores epsilon as the exact float32 the user asked for. A plugin
   that serializes from a temporary array stores garbage only once the freed
   memory is reused (the planted variant below forces that); the deterministic
   ownership check is test_creator_fields.py's (the field points into an array
   the plugin owns);
 * a dynamic or out-of-range hidden size is refused by get_output_shapes;
-* unsupported inputs and bad epsilon attributes are refused with the sample's
-  own message, and never crash the process.
+* unsupported inputs (an int32 X or W among them) and bad epsilon attributes
+  are refused with the sample's own message, and never crash the process.
 """
 
 import concurrent.futures
@@ -34,13 +35,18 @@ WORKER = pathlib.Path(__file__).resolve().parent / "rtx_build_worker.py"
 HIDDEN = 1024
 SMALL_EPS = 3.0517578e-05   # 2**-15: not the default, and exact in float32
 ROUND_EPS = 0.125
+# TensorRT's name for each dtype, as the bindings print it.
+TRT_TYPE = {"float16": "DataType.HALF", "bfloat16": "DataType.BF16", "float32": "DataType.FLOAT"}
+# The nine X x W combinations the plugin serves; Y has X's dtype.
+COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 # name -> worker spec (see rtx_build_worker.py); every one is built once per session.
 BUILDS = {
-    "fp16": dict(dtype="float16", epsilon=SMALL_EPS),
-    "bf16": dict(dtype="bfloat16", epsilon=ROUND_EPS),
+    **{f"x_{x}_w_{w}": dict(dtype=x, w_dtype=w, epsilon=ROUND_EPS if x == "bfloat16" else SMALL_EPS)
+       for x, w in COMBINATIONS},
     "odd_profile": dict(dtype="float16", profile=[3, 37, 511]),
-    "x_float32": dict(dtype="float32"),
+    "x_int32": dict(dtype="int32"),
+    "w_int32": dict(w_dtype="int32"),
     "hidden_mismatch": dict(x_hidden=1024, w_hidden=512),
     "x_rank3": dict(x_rank=3),
     "x_rank1": dict(x_rank=1),
@@ -56,8 +62,11 @@ BUILDS = {
     # what --from-onnx parses, and what --compare-builtin builds instead of the plugin (ONNX RMSNormalization)
     "sample_onnx_fp16": dict(source="sample_onnx", dtype="float16", epsilon=SMALL_EPS),
     "sample_onnx_bf16": dict(source="sample_onnx", dtype="bfloat16", epsilon=ROUND_EPS),
+    "sample_onnx_fp16_w_fp16": dict(source="sample_onnx", dtype="float16", w_dtype="float16", epsilon=SMALL_EPS),
+    "sample_onnx_fp32_w_bf16": dict(source="sample_onnx", dtype="float32", w_dtype="bfloat16", epsilon=SMALL_EPS),
     "builtin_fp16": dict(source="sample_builtin", dtype="float16"),
     "builtin_bf16": dict(source="sample_builtin", dtype="bfloat16"),
+    "builtin_fp32_w_fp16": dict(source="sample_builtin", dtype="float32", w_dtype="float16"),
 }
 
 
@@ -104,12 +113,10 @@ def builds(rtx_lib_dir):
 # -- engines that must build -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name, eps, trt_type",
-    [("fp16", SMALL_EPS, "DataType.HALF"), ("bf16", ROUND_EPS, "DataType.BF16")],
-)
-def test_engine_builds_and_stores_the_exact_epsilon(builds, name, eps, trt_type):
-    build = builds[name]
+@pytest.mark.parametrize("x_dtype, w_dtype", COMBINATIONS)
+def test_engine_builds_for_every_dtype_combination_and_stores_the_exact_epsilon(builds, x_dtype, w_dtype):
+    build = builds[f"x_{x_dtype}_w_{w_dtype}"]
+    eps = ROUND_EPS if x_dtype == "bfloat16" else SMALL_EPS
     assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
     assert build["engine_size"] > 0
@@ -120,8 +127,8 @@ def test_engine_builds_and_stores_the_exact_epsilon(builds, name, eps, trt_type)
     assert x == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
     assert w == ((HIDDEN,), (HIDDEN,), (HIDDEN,))
     call = build["configure_plugin"][-1]
-    assert [i["type"] for i in call["inputs"]] == [trt_type, "DataType.FLOAT"]
-    assert [o["type"] for o in call["outputs"]] == [trt_type]
+    assert [i["type"] for i in call["inputs"]] == [TRT_TYPE[x_dtype], TRT_TYPE[w_dtype]]
+    assert [o["type"] for o in call["outputs"]] == [TRT_TYPE[x_dtype]]
 
 
 def test_profile_edges_reach_configure_plugin(builds):
@@ -145,7 +152,8 @@ def test_engine_record_check_catches_a_dangling_field_buffer(builds):
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("x_float32", "X must be float16 or bfloat16"),
+        ("x_int32", "X must be float16, bfloat16 or float32, got DataType.INT32"),
+        ("w_int32", "W must be float32, float16 or bfloat16, got DataType.INT32"),
         ("hidden_mismatch", "X hidden 1024 != W size 512"),
         ("x_rank1", "expects X [..., hidden] of rank 2 or more"),
         ("hidden_dynamic", "the hidden dimension of X must be static"),
@@ -187,8 +195,9 @@ def test_builder_never_crashes_the_process(builds, name):
 # -- the sample's ONNX model and its built-in-layer composition ---------------------------
 
 
-@pytest.mark.parametrize("name, eps", [("sample_onnx_fp16", SMALL_EPS), ("sample_onnx_bf16", ROUND_EPS)])
-def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, name, eps):
+@pytest.mark.parametrize("name", ["sample_onnx_fp16", "sample_onnx_bf16", "sample_onnx_fp16_w_fp16",
+                                  "sample_onnx_fp32_w_bf16"])
+def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, name):
     build = builds[name]
     assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
@@ -196,16 +205,19 @@ def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, na
     x, w = build.configure_inputs()
     assert x == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
     assert w == ((HIDDEN,),) * 3
+    spec = BUILDS[name]
+    inputs = [i["type"] for i in build["configure_plugin"][-1]["inputs"]]
+    assert inputs == [TRT_TYPE[spec["dtype"]], TRT_TYPE[spec.get("w_dtype", "float32")]]
 
 
-@pytest.mark.parametrize("name, trt_type", [("builtin_fp16", "DataType.HALF"), ("builtin_bf16", "DataType.BF16")])
-def test_tensorrt_imports_the_onnx_rms_normalization_node_and_builds(builds, name, trt_type):
+@pytest.mark.parametrize("name", ["builtin_fp16", "builtin_bf16", "builtin_fp32_w_fp16"])
+def test_tensorrt_imports_the_onnx_rms_normalization_node_and_builds(builds, name):
     """--compare-builtin's engine: TensorRT's parser imports the opset-23 op itself (no plugin involved)."""
     build = builds[name]
     assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
     assert build["engine_size"] > 0
-    assert build["outputs"] == [["Y", trt_type]]  # the plugin engine's bindings: Y in X's dtype
+    assert build["outputs"] == [["Y", TRT_TYPE[BUILDS[name]["dtype"]]]]  # the plugin engine's bindings: Y in X's dtype
     assert build["configure_plugin"] == [], "the comparison engine must not contain the plugin"
 
 
