@@ -103,3 +103,21 @@ def test_fp16_subnormal_outputs_are_allowed_half_a_spacing_per_rounding():
     assert np.all(diff <= bound)
     relative_only = bound - 2.0 ** -24 * (1 + scale)
     assert np.any(diff > relative_only)
+
+
+def test_a_replaced_node_is_allowed_what_exact_rmsnorm_makes_of_its_input_difference():
+    """check_replaced (rms_norm_onnx_model.py): when an earlier node made the engines' X differ, the bound
+    adds |exact(X_ours) - exact(X_theirs)|; without that term the same outputs would be refused."""
+    import rms_norm_onnx_model as rewrite
+
+    x, scale = case("float16", 4, rows=64, hidden=256)
+    rng = np.random.default_rng(5)
+    x_theirs = to_dtype(x * (1 + rng.choice([-1, 0, 1], x.shape) * 2.0 ** -8), "float16")
+    node = rewrite.Replaced("norm", "X", "S", "Y", 1e-5, "float16")
+    ours = {"X": x, "Y": kernel_rms_norm(x, scale, 1e-5, "float16")}
+    theirs = {"X": x_theirs, "Y": onnx_rms_norm(x_theirs, scale, 1e-5, "float16")}
+    assert rewrite.check_replaced(ours, theirs, {"S": scale}, node)[0]
+    exact = sample.rms_norm_reference(x_theirs, scale, 1e-5)
+    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > sample.engines_tolerance("float16", np.abs(exact), scale))
+    wrong = dict(ours, Y=to_dtype(ours["Y"] * 1.01, "float16"))  # a real error: 1 %
+    assert not rewrite.check_replaced(wrong, theirs, {"S": scale}, node)[0]
