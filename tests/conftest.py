@@ -1,4 +1,7 @@
-"""Shared test plumbing: marker-based skips and the sample loaded against a chosen `tensorrt` (support/)."""
+"""Shared test plumbing: marker-based skips, the sample loaded against a chosen `tensorrt` (support/), RTX builds."""
+
+import importlib.util
+import pathlib
 
 import pytest
 
@@ -21,3 +24,18 @@ def sample_rtx():
     """The sample bound to TensorRT-RTX's Python bindings (real TensorRT-family classes, CPU only)."""
     trt_rtx = pytest.importorskip("tensorrt_rtx")
     return load_sample(trt_rtx, "rms_norm_plugin_with_rtx")
+
+
+@pytest.fixture(scope="session")
+def rtx_lib_dir(tmp_path_factory):
+    """A directory with libtensorrt_rtx.so -> the wheel's libtensorrt_rtx.so.1 (the ONNX parser dlopens the former)."""
+    pytest.importorskip("tensorrt_rtx")
+    spec = importlib.util.find_spec("tensorrt_rtx_libs")  # locates the wheel without loading its libraries
+    if spec is None or spec.origin is None:
+        pytest.skip("tensorrt_rtx_libs (the TensorRT-RTX library wheel) is not installed")
+    so1 = pathlib.Path(spec.origin).parent / "libtensorrt_rtx.so.1"
+    if not so1.exists():
+        pytest.skip(f"{so1} does not exist")
+    lib_dir = tmp_path_factory.mktemp("rtx_libs")
+    (lib_dir / "libtensorrt_rtx.so").symlink_to(so1)
+    return lib_dir

@@ -27,19 +27,23 @@ Spec keys (all optional):
     x_hidden         last dimension of X (default 1024); "dynamic": a named (runtime) dimension,
                      which the profile sets to w_hidden
     w_hidden         size of W (default 1024)
-    x_rank           rank of X (default 2); extra middle dimensions are 2
+    x_rank           rank of X (default 2); extra middle dimensions are 2; rank 1 is X [hidden]
     epsilon          value of the node's 'epsilon' attribute (default 1e-5);
                      null leaves the attribute out; "nan"/"inf" are accepted
     epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int"
     profile          [min, opt, max] token counts for X (default [1, 128, 512])
+    model_path       for source "model": an ONNX file (plugin nodes are found through the registry)
+    shapes           for source "model": {input name: [min shape, opt shape, max shape]}
     buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
                      PluginField over a temporary array) plus allocator churn,
                      to show the engine-record check catches a dangling buffer
     source           where the network comes from:
                      "test_onnx" (default) the ONNX model written below, W an initializer;
                      "sample_onnx" the sample's own make_onnx_model (what --from-onnx parses);
-                     "sample_builtin" the sample's define_builtin_network (TensorRT layers only).
-                     Both build a strongly typed network, as the sample does. (The sample's
+                     "sample_builtin" make_onnx_model(builtin=True): ONNX's RMSNormalization, which
+                     TensorRT imports with its own layers (what --compare-builtin builds);
+                     "model" the ONNX file at model_path, built for `shapes`.
+                     All but "test_onnx" build a strongly typed network, as the sample does. (The sample's
                      define_plugin_network needs INetworkDefinition.add_plugin_v3, which
                      TensorRT has and TensorRT-RTX does not; it is covered by the `trt` tests.)
 
@@ -47,7 +51,7 @@ Prints exactly one line on stdout: a JSON object with
     parse_ok, parser_errors, build_ok, engine_size, epsilon_record_found,
     epsilon_records (float32 values stored after each b"epsilon\\0" name),
     configure_plugin (per call: inputs/outputs with min/opt/max dims and type),
-    logger_errors.
+    logger_errors, outputs (the network's output names and dtypes).
 Failures are reported in that object; the worker itself exits 0.
 """
 
@@ -65,7 +69,7 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 DEFAULTS = dict(
     dtype="float16", w_dtype="float32", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
-    profile=[1, 128, 512], buggy_serialize=False, source="test_onnx",
+    profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None,
 )
 
 
@@ -109,7 +113,7 @@ def write_onnx(path: str, spec: dict) -> None:
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float32": TensorProto.FLOAT,
             "int32": TensorProto.INT32}
     hidden = "hidden" if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
-    x_shape = ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
+    x_shape = [hidden] if spec["x_rank"] == 1 else ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
     x = helper.make_tensor_value_info("X", elem[spec["dtype"]], x_shape)
     y = helper.make_tensor_value_info("Y", elem[spec["dtype"]], x_shape)
     if spec["w_dtype"] == "int32":
@@ -165,7 +169,8 @@ def install_buggy_serialize(sample, trt) -> None:
 def build(spec: dict) -> dict:
     trt, sample = load_sample_with_rtx()
     result = {"parse_ok": False, "parser_errors": [], "build_ok": False, "engine_size": 0,
-              "epsilon_record_found": False, "epsilon_records": [], "configure_plugin": [], "logger_errors": []}
+              "epsilon_record_found": False, "epsilon_records": [], "configure_plugin": [], "logger_errors": [],
+              "outputs": []}
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -182,7 +187,6 @@ def build(spec: dict) -> dict:
         install_buggy_serialize(sample, trt)
 
     builder = trt.Builder(logger)
-    keep_alive = None
     if spec["source"] == "test_onnx":
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, logger)
@@ -193,29 +197,35 @@ def build(spec: dict) -> dict:
                 result["parse_ok"] = bool(parser.parse(f.read()))
     else:
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-        if spec["source"] == "sample_onnx":
-            parser = trt.OnnxParser(network, logger)
-            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"])
-            result["parse_ok"] = bool(parser.parse(model))
-        else:  # "sample_builtin"
-            parser = None
-            keep_alive = sample.define_builtin_network(  # noqa: F841 (must outlive the build)
-                network, spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"])
-            result["parse_ok"] = True
-    if parser is not None:
-        result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
+        parser = trt.OnnxParser(network, logger)
+        if spec["source"] == "model":
+            with open(spec["model_path"], "rb") as f:
+                model = f.read()
+        else:  # "sample_onnx" or "sample_builtin"
+            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"],
+                                           builtin=spec["source"] == "sample_builtin")
+        result["parse_ok"] = bool(parser.parse(model))
+    result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
     if not result["parse_ok"]:
         return result
+    result["outputs"] = [[network.get_output(i).name, str(network.get_output(i).dtype)]
+                         for i in range(network.num_outputs)]
 
     config = builder.create_builder_config()
     # An explicit target: ComputeCapability.CURRENT needs a GPU and aborts the process without one.
     config.num_compute_capabilities = 1
     config.set_compute_capability(trt.ComputeCapability.SM80, 0)
-    lo, opt, hi = spec["profile"]
-    middle = [2] * (spec["x_rank"] - 2)
-    hidden = spec["w_hidden"] if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
     profile = builder.create_optimization_profile()
-    profile.set_shape("X", [lo, *middle, hidden], [opt, *middle, hidden], [hi, *middle, hidden])
+    if spec["source"] == "model":
+        for name, (low, opt, high) in spec["shapes"].items():
+            profile.set_shape(name, low, opt, high)
+    elif spec["x_rank"] == 1:
+        profile.set_shape("X", *[[spec["w_hidden"]]] * 3)
+    else:
+        lo, opt, hi = spec["profile"]
+        middle = [2] * (spec["x_rank"] - 2)
+        hidden = spec["w_hidden"] if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
+        profile.set_shape("X", [lo, *middle, hidden], [opt, *middle, hidden], [hi, *middle, hidden])
     config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     if blob is None:

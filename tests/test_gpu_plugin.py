@@ -191,3 +191,22 @@ def test_misaligned_pointer_is_refused(sample_standin, trt):
     plugin.on_shape_change(buf.in_desc, buf.out_desc)
     with pytest.raises(ValueError, match="aligned"):
         plugin.enqueue(buf.in_desc, buf.out_desc, [buf.x.data_ptr() + 2, buf.w.data_ptr()], [buf.y.data_ptr()], 0, 0)
+
+
+@pytest.mark.parametrize("batch, seq", [(2, 37), (3, 1), (4, 128)])
+def test_enqueue_normalizes_every_row_of_a_rank_3_x(sample_standin, trt, batch, seq):
+    """X [batch, seq, hidden], as exported models pass it: every leading dimension counts rows (issue 17)."""
+    import torch
+
+    plugin = make_context_plugin(sample_standin, trt)
+    buf = Buffers(sample_standin, trt, batch * seq, seed=seq)
+    rank3 = (batch, seq, HIDDEN)
+    buf.in_desc[0] = trt.PluginTensorDesc(rank3, buf.in_desc[0].type)
+    buf.out_desc[0] = trt.PluginTensorDesc(rank3, buf.out_desc[0].type)
+    torch.cuda.synchronize()
+    plugin.on_shape_change(buf.in_desc, buf.out_desc)
+    stream = torch.cuda.Stream()
+    buf.enqueue(plugin, stream)
+    stream.synchronize()
+    ok, err = buf.check()  # a kernel that saw only `batch` rows leaves the rest NaN
+    assert ok, f"{rank3}: max abs error {err:.3e}"

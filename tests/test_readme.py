@@ -1,7 +1,7 @@
 """CPU: README.md says what the code does.
 
 The README is read next to the sample, so it must not drift from it: its
-Python snippets are copied from the two sample files, its flags table lists
+Python snippets are copied from the sample files, its flags table lists
 the script's flags, its test command is the one CI runs, its performance
 table quotes the committed results, and the files it names exist. Each check
 reads the README and the code as they are; none keeps its own copy of either.
@@ -18,7 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
 README = ROOT / "README.md"
-SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py")
+SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py", ROOT / "rms_norm_onnx_model.py")
 CI_SCRIPT = ROOT / ".ci" / "run"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")

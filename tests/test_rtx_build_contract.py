@@ -22,7 +22,6 @@ What is checked:
 """
 
 import concurrent.futures
-import importlib.util
 import json
 import os
 import pathlib
@@ -50,6 +49,7 @@ BUILDS = {
     "w_int32": dict(w_dtype="int32"),
     "hidden_mismatch": dict(x_hidden=1024, w_hidden=512),
     "x_rank3": dict(x_rank=3),
+    "x_rank1": dict(x_rank=1),
     "hidden_dynamic": dict(x_hidden="dynamic", w_hidden=1024),
     "hidden_too_large": dict(x_hidden=32776, w_hidden=32776),
     "epsilon_missing": dict(epsilon=None),
@@ -59,7 +59,7 @@ BUILDS = {
     "epsilon_int": dict(epsilon=1, epsilon_type="int"),
     "epsilon_two_values": dict(epsilon=1e-5, epsilon_type="floats"),
     "buggy_serialize": dict(epsilon=SMALL_EPS, buggy_serialize=True),
-    # what --from-onnx parses, and what --compare-builtin builds instead of the plugin
+    # what --from-onnx parses, and what --compare-builtin builds instead of the plugin (ONNX RMSNormalization)
     "sample_onnx_fp16": dict(source="sample_onnx", dtype="float16", epsilon=SMALL_EPS),
     "sample_onnx_bf16": dict(source="sample_onnx", dtype="bfloat16", epsilon=ROUND_EPS),
     "sample_onnx_fp16_w_fp16": dict(source="sample_onnx", dtype="float16", w_dtype="float16", epsilon=SMALL_EPS),
@@ -68,21 +68,6 @@ BUILDS = {
     "builtin_bf16": dict(source="sample_builtin", dtype="bfloat16"),
     "builtin_fp32_w_fp16": dict(source="sample_builtin", dtype="float32", w_dtype="float16"),
 }
-
-
-@pytest.fixture(scope="session")
-def rtx_lib_dir(tmp_path_factory):
-    """A directory with libtensorrt_rtx.so -> the wheel's libtensorrt_rtx.so.1 (the ONNX parser dlopens the former)."""
-    pytest.importorskip("tensorrt_rtx")
-    spec = importlib.util.find_spec("tensorrt_rtx_libs")  # locates the wheel without loading its libraries
-    if spec is None or spec.origin is None:
-        pytest.skip("tensorrt_rtx_libs (the TensorRT-RTX library wheel) is not installed")
-    so1 = pathlib.Path(spec.origin).parent / "libtensorrt_rtx.so.1"
-    if not so1.exists():
-        pytest.skip(f"{so1} does not exist")
-    lib_dir = tmp_path_factory.mktemp("rtx_libs")
-    (lib_dir / "libtensorrt_rtx.so").symlink_to(so1)
-    return lib_dir
 
 
 class Build:
@@ -170,7 +155,7 @@ def test_engine_record_check_catches_a_dangling_field_buffer(builds):
         ("x_int32", "X must be float16, bfloat16 or float32, got DataType.INT32"),
         ("w_int32", "W must be float32, float16 or bfloat16, got DataType.INT32"),
         ("hidden_mismatch", "X hidden 1024 != W size 512"),
-        ("x_rank3", "expects X [num_tokens, hidden]"),
+        ("x_rank1", "expects X [..., hidden] of rank 2 or more"),
         ("hidden_dynamic", "the hidden dimension of X must be static"),
         ("hidden_too_large", "hidden must be in [1, 32768], got 32776"),
     ],
@@ -226,8 +211,19 @@ def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, na
 
 
 @pytest.mark.parametrize("name", ["builtin_fp16", "builtin_bf16", "builtin_fp32_w_fp16"])
-def test_builtin_layer_composition_builds_for_the_profile(builds, name):
+def test_tensorrt_imports_the_onnx_rms_normalization_node_and_builds(builds, name):
+    """--compare-builtin's engine: TensorRT's parser imports the opset-23 op itself (no plugin involved)."""
     build = builds[name]
+    assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
     assert build["engine_size"] > 0
+    assert build["outputs"] == [["Y", TRT_TYPE[BUILDS[name]["dtype"]]]]  # the plugin engine's bindings: Y in X's dtype
     assert build["configure_plugin"] == [], "the comparison engine must not contain the plugin"
+
+
+def test_x_of_rank_3_builds_and_the_plugin_sees_every_dimension(builds):
+    """[num_tokens, 2, hidden]: the plugin takes any rank >= 2 (enqueue multiplies the leading dimensions)."""
+    build = builds["x_rank3"]
+    assert build["build_ok"], build.messages()
+    x, _ = build.configure_inputs()
+    assert x == ((1, 2, HIDDEN), (128, 2, HIDDEN), (512, 2, HIDDEN))

@@ -1,0 +1,123 @@
+"""CPU: the tolerances for ONNX RMSNormalization, against a NumPy evaluation of the op's definition.
+
+ONNX's RMSNormalization with stash_type=1 computes x / sqrt(mean(x^2) + epsilon)
+in FP32, casts that to X's dtype, and multiplies by the scale in X's dtype (the
+operator's documented two stages; onnx.reference skips the cast, so it is
+written out here). This kernel multiplies in FP32 and rounds once. The sample
+derives from the dtype's fraction bits p, with u = 2^-(p+1):
+    onnx_tolerance     two roundings:   |onnx - exact| <= (2u + u^2) |y|  (+ FP32 noise)
+    engines_tolerance  three roundings: |onnx - kernel| <= (3u + u^2) |y| (+ FP32 noise, subnormals)
+The bounds are checked here against evaluations of both definitions, and
+shown to refuse what they must: an error of two ulps at the bottom of a
+binade, where 2 ulp = 4u|y| exceeds three roundings.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import rms_norm_plugin_cutedsl as sample
+
+FRACTION_BITS = {"float16": 10, "bfloat16": 7}  # IEEE half and bfloat16, written out independently of the sample
+
+
+def to_dtype(values, dtype):
+    """Round float64 values to `dtype` (round to nearest even, through torch) and return them as float64."""
+    return torch.from_numpy(np.asarray(values, np.float64)).to(getattr(torch, dtype)).double().numpy()
+
+
+def onnx_rms_norm(x, scale, eps, dtype):
+    """RMSNormalization-23, stash_type=1, by its definition: FP32 statistics, Normalized cast to X's type, * scale."""
+    x32 = x.astype(np.float32)
+    rms = np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps))
+    normalized = to_dtype(x32 / rms, dtype)         # first rounding
+    return to_dtype(normalized * scale, dtype)      # the product of two dtype values, rounded: the second
+
+
+def kernel_rms_norm(x, scale, eps, dtype):
+    """This kernel's definition: everything in FP32, one rounding at the end."""
+    x32 = x.astype(np.float32)
+    rstd = np.float32(1.0) / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps))
+    return to_dtype(x32 * rstd * scale.astype(np.float32), dtype)
+
+
+def case(dtype, seed, rows=256, hidden=512):
+    rng = np.random.default_rng(seed)
+    x = to_dtype(rng.standard_normal((rows, hidden)) * 2, dtype)
+    scale = to_dtype(rng.uniform(-1.5, 1.5, hidden), dtype)
+    return x, scale
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rounding_error_is_half_the_spacing_above_one(dtype):
+    assert sample.rounding_error(dtype) == 2.0 ** -(FRACTION_BITS[dtype] + 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_onnx_definition_is_within_two_roundings_of_exact(dtype, seed):
+    x, scale = case(dtype, seed)
+    exact = sample.rms_norm_reference(x, scale, 1e-5)
+    y = onnx_rms_norm(x, scale, 1e-5, dtype)
+    assert sample.check_output(y, x, scale, 1e-5, dtype, rtol=sample.onnx_tolerance(dtype))[0]
+    # Premise of the bound: the first rounding's error really reaches past one rounding's worth somewhere.
+    assert np.max(np.abs(y - exact) / np.abs(exact)) > sample.rounding_error(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_two_definitions_are_within_three_roundings(dtype, seed):
+    x, scale = case(dtype, seed)
+    exact = sample.rms_norm_reference(x, scale, 1e-5)
+    onnx, ours = onnx_rms_norm(x, scale, 1e-5, dtype), kernel_rms_norm(x, scale, 1e-5, dtype)
+    assert np.any(onnx != ours), "the definitions differ somewhere (else this checks nothing)"
+    assert np.all(np.abs(onnx - ours) <= sample.engines_tolerance(dtype, np.abs(exact), scale))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_two_ulps_at_the_bottom_of_a_binade_are_refused(dtype):
+    """|y| = 1.0 + one ulp: two ulps are 4u|y|/(1 + 2u) > (3u + u^2)|y|, beyond three roundings."""
+    u = 2.0 ** -(FRACTION_BITS[dtype] + 1)
+    y = np.array([1.0 + 2 * u])
+    bound = sample.engines_tolerance(dtype, y, np.ones(1))
+    assert 2 * (2 * u) > bound[0]      # two ulps: refused
+    assert 1 * (2 * u) <= bound[0]     # one ulp, what the definitions produce: accepted
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_onnx_tolerance_refuses_an_error_of_three_roundings(dtype):
+    x, scale = case(dtype, 2, rows=4)
+    exact = sample.rms_norm_reference(x, scale, 1e-5)
+    off = exact * (1 + 3 * sample.rounding_error(dtype))
+    assert not sample.check_output(off, x, scale, 1e-5, dtype, rtol=sample.onnx_tolerance(dtype))[0]
+
+
+def test_fp16_subnormal_outputs_are_allowed_half_a_spacing_per_rounding():
+    """A tiny scale puts y among fp16's subnormals, where roundings err absolutely: the two definitions
+    still agree within the bound, and only because of its absolute term."""
+    x, _ = case("float16", 3, rows=64, hidden=256)
+    scale = np.full(256, 2.0 ** -20)  # y ~ 2^-20: subnormal in fp16 (below 2^-14)
+    exact = sample.rms_norm_reference(x, scale, 1e-5)
+    diff = np.abs(onnx_rms_norm(x, scale, 1e-5, "float16") - kernel_rms_norm(x, scale, 1e-5, "float16"))
+    bound = sample.engines_tolerance("float16", np.abs(exact), scale)
+    assert np.all(diff <= bound)
+    relative_only = bound - 2.0 ** -24 * (1 + scale)
+    assert np.any(diff > relative_only)
+
+
+def test_a_replaced_node_is_allowed_what_exact_rmsnorm_makes_of_its_input_difference():
+    """check_replaced (rms_norm_onnx_model.py): when an earlier node made the engines' X differ, the bound
+    adds |exact(X_ours) - exact(X_theirs)|; without that term the same outputs would be refused."""
+    import rms_norm_onnx_model as rewrite
+
+    x, scale = case("float16", 4, rows=64, hidden=256)
+    rng = np.random.default_rng(5)
+    x_theirs = to_dtype(x * (1 + rng.choice([-1, 0, 1], x.shape) * 2.0 ** -8), "float16")
+    node = rewrite.Replaced("norm", "X", "S", "Y", 1e-5, "float16")
+    ours = {"X": x, "Y": kernel_rms_norm(x, scale, 1e-5, "float16")}
+    theirs = {"X": x_theirs, "Y": onnx_rms_norm(x_theirs, scale, 1e-5, "float16")}
+    assert rewrite.check_replaced(ours, theirs, {"S": scale}, node)[0]
+    exact = sample.rms_norm_reference(x_theirs, scale, 1e-5)
+    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > sample.engines_tolerance("float16", np.abs(exact), scale))
+    wrong = dict(ours, Y=to_dtype(ours["Y"] * 1.01, "float16"))  # a real error: 1 %
+    assert not rewrite.check_replaced(wrong, theirs, {"S": scale}, node)[0]
