@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Time hand-written plans of the sample's kernel against the plan it picks and copy_; or count their registers.
+
+The sample's kernel runs as it is: only the KernelPlan it receives and, optionally, a launch bound differ. A
+plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
+
+    T threads per row, K vectors per thread,
+    s  X staged in shared memory (needs 16-byte vectors),   l  W loaded after the reduction,
+    rR R rows per CTA (default: enough rows for 128 threads),
+    mM ask ptxas for at least M CTAs per SM (a launch bound: it caps the registers per thread).
+
+    python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2 [--rounds 5]
+    python3 benchmarks/experiments/time_plans.py --registers --hidden 1024 --plans t64k2,t64k2lm16   # no GPU
+
+Timing: each round times copy_, the sample's own plan and every plan once, in a rotating order (CUDA-graph
+replay, bench_rms_norm.py's timers); the table gives medians over rounds of time / copy_ and time / own plan.
+--registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM.
+"""
+
+import argparse
+import math
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Float32, Int32  # noqa: E402
+
+import rms_norm_plugin_cutedsl as sample  # noqa: E402
+
+SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:m(\d+))?$")
+
+
+def parse_plan(spec: str, hidden: int, elem_bytes: int):
+    """(KernelPlan, min CTAs per SM or 0) for a spec such as t160k4sl; ValueError if it cannot cover the row."""
+    match = SPEC.match(spec)
+    if not match:
+        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][mM]")
+    threads, vecs, staged, late, rows, min_ctas = match.groups()
+    threads, vecs = int(threads), int(vecs)
+    own = sample.plan_kernel(hidden, elem_bytes)
+    if threads * vecs * own.vec < hidden:
+        raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, the row has {hidden}")
+    if staged and own.vec * elem_bytes != sample.VECTOR_BYTES:
+        raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives {own.vec * elem_bytes}-byte vectors")
+    rows = int(rows) if rows else max(1, 128 // threads)
+    plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
+                             stage_x=bool(staged))
+    return plan, int(min_ctas or 0)
+
+
+@cute.jit
+def bounded_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
+                   plan: cutlass.Constexpr, epsilon: cutlass.Constexpr, min_ctas: cutlass.Constexpr):
+    """rms_norm_launch with a launch bound. The explicit carveout (-1: the driver's default) keeps CuteDSL
+    from asking a GPU for its shared memory size when min_ctas > 1, so this compiles without one."""
+    sample.rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
+        grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1], block=[plan.cta_threads, 1, 1],
+        stream=stream, min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1)
+
+
+def compile_plan(dtype: str, plan, min_ctas: int, arch: str, keep_ptx: bool = False):
+    elem = getattr(cutlass, sample.DTYPES[dtype].cute)
+    fake = cute.runtime.make_fake_compact_tensor
+    tokens = cute.sym_int32()
+    x = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
+    y = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
+    w = fake(Float32, (plan.hidden,), assumed_align=sample.VECTOR_BYTES)
+    args = (bounded_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), plan, sample.DEFAULT_EPSILON,
+            min_ctas)
+    if keep_ptx:
+        with tempfile.TemporaryDirectory() as dump_dir:
+            return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
+    return cute.compile(*args, options=f"--gpu-arch {arch}")
+
+
+def ptxas_report(ptx: str, arch: str = "sm_90a"):
+    """(registers per thread, spill store bytes) as ptxas -v reports them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp, "k.ptx")
+        path.write_text(ptx)
+        err = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+                             capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", err)[1]), int(re.search(r"(\d+) bytes spill stores", err)[1])
+
+
+def ctas_per_sm(plan, registers: int) -> int:
+    """Resident CTAs on an sm_90 SM: 64K registers (in steps of 8 per thread), 228 KB shared memory (1 KB per
+    CTA reserved), 2048 threads."""
+    return min(65536 // (math.ceil(registers / 8) * 8 * plan.cta_threads),
+               228 * 1024 // (plan.shared_memory_bytes + 1024), 2048 // plan.cta_threads)
+
+
+def print_registers(args):
+    for dtype in args.dtypes:
+        for hidden in args.hidden:
+            elem_bytes = sample.DTYPES[dtype].bytes
+            own = sample.plan_kernel(hidden, elem_bytes)
+            cases = [("own plan", own, 0)] + [(spec, *parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
+            for name, plan, min_ctas in cases:
+                registers, spills = ptxas_report(compile_plan(dtype, plan, min_ctas, "sm_90a", keep_ptx=True).__ptx__)
+                print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
+                      f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM")
+
+
+def time_shapes(args):
+    import torch
+
+    from bench_records import interleaved_rounds
+    from bench_rms_norm import graph_timer, out_of_tolerance
+
+    arch = sample.gpu_arch()
+    print(f"| dtype | tokens x hidden | plan | us | / copy_ | / own plan (median of {args.rounds} rounds) |")
+    print("|---|---|---|---|---|---|")
+    for dtype in args.dtypes:
+        names = sample.DTYPES[dtype]
+        for tokens, hidden in args.shapes:
+            x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, names.torch))
+            w = torch.rand(hidden, device="cuda") + 0.5
+            y_copy = torch.empty_like(x)
+            fd = sample.from_dlpack
+            calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
+            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes))}
+            for spec in args.plans:
+                plan, min_ctas = parse_plan(spec, hidden, names.bytes)
+                calls[spec], plans[spec] = compile_plan(dtype, plan, min_ctas, arch), str(plan)
+            timers = {}
+            for name, call in calls.items():
+                if name == "copy_":
+                    timers[name] = graph_timer(call, tokens, hidden)
+                    continue
+                y = torch.empty_like(x)
+                launch = (lambda c=call, a=(fd(x, assumed_align=16), fd(w, assumed_align=16),
+                                            fd(y, assumed_align=16), tokens):
+                          c(*a, sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)))
+                launch()
+                torch.cuda.synchronize()
+                bad = out_of_tolerance(y, x, w, names.rtol, names.atol)
+                if bad:
+                    sys.exit(f"error: {name} at {dtype} {tokens}x{hidden}: {bad} elements out of tolerance")
+                timers[name] = graph_timer(launch, tokens, hidden)
+            rounds = interleaved_rounds(timers, args.rounds)
+            for name, times in rounds.items():
+                to_copy = statistics.median(t / c for t, c in zip(times, rounds["copy_"]))
+                to_own = statistics.median(t / o for t, o in zip(times, rounds["own plan"]))
+                print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | {statistics.median(times):.2f} "
+                      f"| {to_copy:.3f} | {to_own:.3f} |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", type=lambda s: s.split(","), required=True, help="comma-separated plan specs")
+    parser.add_argument("--shapes", type=lambda s: [tuple(map(int, p.split("x"))) for p in s.split(",")],
+                        default=[], help="TOKENSxHIDDEN,... to time")
+    parser.add_argument("--hidden", type=lambda s: [int(h) for h in s.split(",")], default=[],
+                        help="hidden sizes for --registers")
+    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["float16"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--registers", action="store_true", help="ptxas register counts instead of timing")
+    args = parser.parse_args()
+    try:
+        for hidden in args.hidden + [h for _, h in args.shapes]:
+            for dtype in args.dtypes:
+                for spec in args.plans:
+                    parse_plan(spec, hidden, sample.DTYPES[dtype].bytes)
+    except (ValueError, KeyError) as exc:
+        parser.error(str(exc))
+    print_registers(args) if args.registers else time_shapes(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""CPU: benchmarks/experiments/time_plans.py builds the plans its specs name, and its launch bound reaches ptxas.
+
+The plans below are worked out by hand from the spec grammar in the script's docstring (not from plan_kernel).
+"""
+
+import importlib.util
+import re
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def time_plans():
+    spec = importlib.util.spec_from_file_location("time_plans", ROOT / "benchmarks" / "experiments" / "time_plans.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("spec,hidden,fields,min_ctas", [
+    # (threads, rows per CTA, vectors per thread, W early, X staged)
+    ("t96k2", 1536, (96, 1, 2, True, False), 0),
+    ("t160k4sl", 5120, (160, 1, 4, False, True), 0),
+    ("t16k2lr16m8", 100, (16, 16, 2, False, False), 8),   # 100 % 8 != 0: vectors of 4, 25 of them
+    ("t32k4", 1000, (32, 4, 4, True, False), 0),           # 128 threads per CTA: 4 rows
+])
+def test_a_spec_names_the_plan(time_plans, spec, hidden, fields, min_ctas):
+    plan, bound = time_plans.parse_plan(spec, hidden, 2)
+    assert (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight, plan.stage_x) == fields
+    assert bound == min_ctas
+
+
+@pytest.mark.parametrize("spec,hidden,why", [
+    ("t64k1", 1024, "covers 512 elements"),
+    ("t32k4s", 100, "8-byte vectors"),
+    ("64k2", 1024, "not of the form"),
+])
+def test_a_spec_that_cannot_serve_the_row_is_refused(time_plans, spec, hidden, why):
+    with pytest.raises(ValueError, match=why):
+        time_plans.parse_plan(spec, hidden, 2)
+
+
+def test_the_launch_bound_reaches_the_ptx(time_plans):
+    plan, bound = time_plans.parse_plan("t64k2lm16", 1024, 2)
+    ptx = time_plans.compile_plan("float16", plan, bound, "sm_90a", keep_ptx=True).__ptx__
+    assert re.search(r"\.minnctapersm 16\b", ptx)
+    unbounded = time_plans.compile_plan("float16", plan, 0, "sm_90a", keep_ptx=True).__ptx__
+    assert ".minnctapersm" not in unbounded
