@@ -293,8 +293,8 @@ MAX_CTA_THREADS = 1024     # CUDA's limit; a row never spans two CTAs
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
 # How each row length is served: one row of this table per range of row
-# sizes, tuned by timing every hidden size from 512 to 16384 against copy_ at
-# 1 to 32768 tokens (benchmarks/NOTES.md has the measurements and the
+# sizes, tuned on the H200 against copy_ over hidden sizes 512 to 16384 and 1
+# to 32768 tokens (benchmarks/NOTES.md has the measurements and the
 # alternatives). Longer vectors per thread mean fewer threads per row; "shared"
 # needs 16-byte vectors (cp.async.cg copies exactly 16 bytes), else X stays in
 # registers.
@@ -398,9 +398,9 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
     The row's size in bytes picks a line of ROW_PLANS: short rows are
-    latency-bound and keep X in registers; longer rows are bandwidth-bound and
-    stage X in shared memory, where cp.async holds no register while the bytes
-    arrive, so more rows fit on an SM.
+    latency-bound and keep X in registers; most longer rows are bandwidth-bound
+    and stage X in shared memory, where cp.async holds no register while the
+    bytes arrive, so more rows fit on an SM (the table says which do not).
     """
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
@@ -481,8 +481,8 @@ def rms_norm_kernel(
 
     # Step 1: each thread loads its vectors of X (and, where the plan says so,
     # of W) into registers. Unowned slots stay zero: they add nothing to the sum.
-    # W keeps its own dtype in registers (a 16-bit W holds half as many through
-    # the reduction) and becomes FP32 in Step 5, where it is used.
+    # W keeps its own dtype in registers (a 16-bit W needs half the registers of
+    # an fp32 one) and becomes FP32 in Step 5, where it is used.
     tXrX = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mX.element_type)
     tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mW.element_type)
     tXrX.fill(0.0)
@@ -979,8 +979,10 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
         return build_onnx_engine(model, shapes, stage)
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
-        plugin = define_plugin_network(network, hidden, dtype, epsilon, w_dtype)  # noqa: F841 (alive until built)
-    return _build((builder, network), shapes)
+        plugin = define_plugin_network(network, hidden, dtype, epsilon, w_dtype)
+    engine = _build((builder, network), shapes)
+    del plugin  # held until the build is done (see define_plugin_network)
+    return engine
 
 
 def build_onnx_engine(model: bytes, shapes: dict, stage: str = "ONNX parse"):
