@@ -85,8 +85,7 @@ def aot_launch_dims(plan, num_tokens):
     one float per warp of each row for the cross-warp reduction) is dynamic, so
     TensorRT must be told its size.
     """
-    grid = (num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta
-    return grid, plan.cta_threads, plan.shared_memory_bytes
+    return plan.grid(num_tokens), plan.cta_threads, plan.shared_memory_bytes
 
 
 # %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------

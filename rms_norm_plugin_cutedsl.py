@@ -336,6 +336,9 @@ class KernelPlan:
     early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (the
                           # row then holds no W registers through the reduction)
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
+    row_steps: int = 1    # rows each row slot of a CTA normalizes one after another
+    stages: int = 1       # staged rows of a slot in flight at once (row i + stages - 1 loads while row i is normalized)
+    prefetch_weight: bool = False  # late W: prefetch it into L1 at the start, so the late load hits L1
 
     @property
     def num_vecs(self) -> int:
@@ -355,17 +358,32 @@ class KernelPlan:
         return self.threads_per_row * self.rows_per_cta
 
     @property
+    def cta_rows(self) -> int:
+        """Rows one CTA normalizes: rows_per_cta side by side, row_steps times."""
+        return self.rows_per_cta * self.row_steps
+
+    def grid(self, num_tokens):
+        """CTAs for num_tokens rows; works on ints and on TensorRT's symbolic sizes."""
+        return (num_tokens + self.cta_rows - 1) // self.cta_rows
+
+    @property
     def shared_memory_bytes(self) -> int:
         """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
         rows (if any), then one FP32 sum per warp of each row (if a row spans warps)."""
-        staged = self.rows_per_cta * self.hidden * self.elem_bytes if self.stage_x else 0
-        return staged + (4 * self.warps_per_row * self.rows_per_cta if self.warps_per_row > 1 else 0)
+        staged = self.rows_per_cta * self.stages * self.hidden * self.elem_bytes if self.stage_x else 0
+        return staged + (4 * self.warps_per_row * self.rows_per_cta * self.sum_buffers if self.warps_per_row > 1 else 0)
+
+    @property
+    def sum_buffers(self) -> int:
+        """Warp-sum buffers: two when a slot normalizes several rows, so one barrier per row suffices."""
+        return min(2, self.row_steps)
 
     def __str__(self) -> str:
         """A short tag: CuteDSL names the kernel after its compile-time arguments' str() and cuts the name at
         180 characters, where the dataclass's long repr would push epsilon out of it."""
         weight = "early" if self.early_weight else "late"
-        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}"
+        steps = (f"q{self.row_steps}p{self.stages}" if self.row_steps > 1 else "") + ("f" if self.prefetch_weight else "")
+        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}{steps}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
 
     def owns(self, j):
@@ -475,8 +493,7 @@ def rms_norm_kernel(
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     row_in_cta, t = tidx // plan.threads_per_row, tidx % plan.threads_per_row
-    row = bidx * plan.rows_per_cta + row_in_cta
-    row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
+    first_row = bidx * plan.cta_rows + row_in_cta  # this slot's rows: first_row + i * rows_per_cta
     smem = cutlass.memory.SmemAllocator()
 
     # Step 1: each thread loads its vectors of X (and, where the plan says so,
@@ -488,76 +505,99 @@ def rms_norm_kernel(
     tXrX.fill(0.0)
     tWrW.fill(0.0)
     early_w = ((mW, tWrW, True),) if cutlass.const_expr(plan.early_weight) else ()
+    if cutlass.const_expr(plan.prefetch_weight):
+        for k in cutlass.range_constexpr(plan.vecs_per_thread):
+            if plan.owns(t + k * plan.threads_per_row):
+                cute.arch.prefetch(mW[None, t + k * plan.threads_per_row].iterator.llvm_ptr, cache_level="L1")
     if cutlass.const_expr(plan.stage_x):
-        # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
-        # only) while W is loaded; no register waits for X's bytes from DRAM.
-        # Each thread waits for its own copies only, so no barrier is needed.
-        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.rows_per_cta, vec, plan.num_vecs),
-                                                                    stride=(hidden, 1, vec)), 16)
+        sX = smem.allocate_tensor(mX.element_type,
+                                  cute.make_layout((plan.rows_per_cta * plan.stages, vec, plan.num_vecs),
+                                                   stride=(hidden, 1, vec)), 16)
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
                                   num_bits_per_copy=VECTOR_BYTES * 8)
-        if row_ok:
-            copy_vectors(t, plan, ((mX, row), (sX, row_in_cta), True), atom=g2s)
-        cute.arch.cp_async_commit_group()
-        copy_vectors(t, plan, *early_w)
-        cute.arch.cp_async_wait_group(0)
-        if row_ok:
-            copy_vectors(t, plan, ((sX, row_in_cta), tXrX, True))
-    else:
-        # Registers: X straight from DRAM, each W vector requested just before
-        # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
-        copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
-
-    # Step 2: per-thread partial sum of squares, in FP32. Adding across the
-    # thread's vectors first (vec independent running sums), then within one
-    # vector, keeps the chain of dependent adds vecs_per_thread + vec long
-    # instead of their product: every row waits for this chain before its shuffles.
-    x = tXrX.load().to(Float32)
-    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
-    partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-
-    # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
+        for i in cutlass.range_constexpr(plan.stages - 1):
+            if first_row + i * plan.rows_per_cta < num_tokens:
+                copy_vectors(t, plan, ((mX, first_row + i * plan.rows_per_cta),
+                                       (sX, (i % plan.stages) * plan.rows_per_cta + row_in_cta), True), atom=g2s)
+            cute.arch.cp_async_commit_group()
     if cutlass.const_expr(plan.warps_per_row > 1):
-        # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta)), 16)
-        if t % WARP_THREADS == 0:
-            sSum[t // WARP_THREADS, row_in_cta] = total
-        cute.arch.barrier()
-        # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
-        total = Float32(0.0)
-        for w in cutlass.range_constexpr(plan.warps_per_row):
-            total = total + sSum[w, row_in_cta]
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta,
+                                                               plan.sum_buffers)), 16)
 
-    # Step 4: one reciprocal square root per row. Its argument is at least
-    # epsilon, so when epsilon is a normal float32 the argument is never
-    # subnormal and the flush-to-zero form returns the same value without the
-    # subnormal-input guard ptxas puts around plain rsqrt.approx.f32 on every
-    # row's critical path.
-    mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1/hidden folds to a constant
-    if cutlass.const_expr(epsilon >= FLT_MIN):
-        rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
-    else:
-        rstd = cute.math.rsqrt(mean_sq_eps)
+    for i in cutlass.range_constexpr(plan.row_steps):
+        row = first_row + i * plan.rows_per_cta
+        row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
+        slot = (i % plan.stages) * plan.rows_per_cta + row_in_cta
+        if cutlass.const_expr(plan.stage_x):
+            # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
+            # only) while W is loaded; no register waits for X's bytes from DRAM.
+            # Each thread waits for its own copies only, so no barrier is needed.
+            ahead = i + plan.stages - 1
+            if cutlass.const_expr(ahead < plan.row_steps):
+                if first_row + ahead * plan.rows_per_cta < num_tokens:
+                    copy_vectors(t, plan, ((mX, first_row + ahead * plan.rows_per_cta),
+                                           (sX, (ahead % plan.stages) * plan.rows_per_cta + row_in_cta), True),
+                                 atom=g2s)
+            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(i == 0):
+                copy_vectors(t, plan, *early_w)
+            cute.arch.cp_async_wait_group(plan.stages - 1)
+            if row_ok:
+                copy_vectors(t, plan, ((sX, slot), tXrX, True))
+        else:
+            # Registers: X straight from DRAM, each W vector requested just before
+            # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
+            copy_vectors(t, plan, *(early_w if i == 0 else ()), ((mX, row), tXrX, row_ok))
 
-    # Step 5: scale in FP32, cast once, store with the same vectors that were
-    # loaded, with the default cache policy (Y is usually read next by another
-    # kernel). A staged row reads X again from shared memory one vector at a
-    # time instead of keeping a row of FP32 values live through Steps 3-4,
-    # which also lets ptxas issue W's loads before the cp.async wait.
-    if cutlass.const_expr(not plan.early_weight):
-        copy_vectors(t, plan, (mW, tWrW, True))
-    if cutlass.const_expr(plan.stage_x):
-        def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
-            return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
+        # Step 2: per-thread partial sum of squares, in FP32. Adding across the
+        # thread's vectors first (vec independent running sums), then within one
+        # vector, keeps the chain of dependent adds vecs_per_thread + vec long
+        # instead of their product: every row waits for this chain before its shuffles.
+        x = tXrX.load().to(Float32)
+        lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
+        partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
-        if row_ok:
-            copy_vectors(t, plan, ((sX, row_in_cta), (mY, row), True), transform=normalize)
-    else:
-        tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
-        tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
-        if row_ok:
-            copy_vectors(t, plan, (tYrY, (mY, row), True))
+        # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
+        total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
+        if cutlass.const_expr(plan.warps_per_row > 1):
+            # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
+            if t % WARP_THREADS == 0:
+                sSum[t // WARP_THREADS, row_in_cta, i % plan.sum_buffers] = total
+            cute.arch.barrier()
+            # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(plan.warps_per_row):
+                total = total + sSum[w, row_in_cta, i % plan.sum_buffers]
+
+        # Step 4: one reciprocal square root per row. Its argument is at least
+        # epsilon, so when epsilon is a normal float32 the argument is never
+        # subnormal and the flush-to-zero form returns the same value without the
+        # subnormal-input guard ptxas puts around plain rsqrt.approx.f32 on every
+        # row's critical path.
+        mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1/hidden folds to a constant
+        if cutlass.const_expr(epsilon >= FLT_MIN):
+            rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
+        else:
+            rstd = cute.math.rsqrt(mean_sq_eps)
+
+        # Step 5: scale in FP32, cast once, store with the same vectors that were
+        # loaded, with the default cache policy (Y is usually read next by another
+        # kernel). A staged row reads X again from shared memory one vector at a
+        # time instead of keeping a row of FP32 values live through Steps 3-4,
+        # which also lets ptxas issue W's loads before the cp.async wait.
+        if cutlass.const_expr(not plan.early_weight):
+            copy_vectors(t, plan, (mW, tWrW, True))
+        if cutlass.const_expr(plan.stage_x):
+            def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
+                return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
+
+            if row_ok:
+                copy_vectors(t, plan, ((sX, slot), (mY, row), True), transform=normalize)
+        else:
+            tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
+            tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
+            if row_ok:
+                copy_vectors(t, plan, (tYrY, (mY, row), True))
 
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
@@ -580,7 +620,7 @@ def rms_norm_launch(
     epsilon: cutlass.Constexpr,
 ):
     rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
-        grid=[(num_tokens + plan.rows_per_cta - 1) // plan.rows_per_cta, 1, 1],
+        grid=[plan.grid(num_tokens), 1, 1],
         block=[plan.cta_threads, 1, 1],
         stream=stream,
     )
