@@ -7,8 +7,8 @@ import rms_norm_plugin_cutedsl as sample
 
 pytestmark = pytest.mark.gpu
 
-TOKENS = [1, 2, 37, 128, 511, 512, 4096]
-HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 16384]  # 2056-6144: 16-bit X staged
+TOKENS = [1, 2, 37, 128, 129, 511, 512, 4096]  # up to 128 (FEW_TOKENS): the few-token plan where there is one
+HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 12288, 16384]  # 2056-6144: 16-bit X staged
 # Every X x W combination; Y has X's dtype.
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
@@ -50,6 +50,31 @@ def test_every_dtype_combination_matches_numpy(tokens, hidden, dtype, w_dtype):
 def test_largest_supported_hidden(tokens, dtype, w_dtype):
     """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction (fp32 X: 8 vectors per thread)."""
     _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens)
+
+
+@pytest.mark.parametrize("hidden", [4096, 12288, 16384])
+def test_launcher_runs_the_few_token_plan_up_to_few_tokens(hidden):
+    """The kernel that runs, by its name (which carries its plan): the few-token plan up to FEW_TOKENS rows."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels_run(tokens):
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+        w = torch.rand(hidden, device="cuda") + 0.5
+        sample.rms_norm_torch(x, w)  # compiles
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            sample.rms_norm_torch(x, w)
+            torch.cuda.synchronize()
+        names = [event.name for event in prof.events() if "rms_norm_kernel" in event.name]
+        if not names:
+            pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
+        return names
+
+    few, many = sample.plan_kernel(hidden, 2, few_tokens=True), sample.plan_kernel(hidden, 2)
+    assert few != many
+    assert [f"_{few}_" in name for name in kernels_run(sample.FEW_TOKENS)] == [True]
+    assert [f"_{many}_" in name for name in kernels_run(sample.FEW_TOKENS + 1)] == [True]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

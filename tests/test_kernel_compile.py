@@ -20,8 +20,10 @@ ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 
-def ptx_of(dtype, hidden, arch, w_dtype="float32"):
-    return sample.compile_rms_norm(dtype, hidden, arch=arch, w_dtype=w_dtype, keep_ptx=True).__ptx__
+def ptx_of(dtype, hidden, arch, w_dtype="float32", few_tokens_plan=False):
+    """The PTX of the many-token kernel alone, or with few_tokens_plan=True of every kernel the launcher holds."""
+    return sample.compile_rms_norm(dtype, hidden, arch=arch, w_dtype=w_dtype, keep_ptx=True,
+                                   few_tokens_plan=few_tokens_plan).__ptx__
 
 
 def global_accesses(ptx):
@@ -156,8 +158,8 @@ def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, ele
 
 
 ON_CHIP_CASES = (
-    [(x, "float32", h) for x in ("float16", "bfloat16") for h in (1, 100, 1024, 2560, 4096, 5120, 8192, 16384,
-                                                                  sample.MAX_HIDDEN)]
+    [(x, "float32", h) for x in ("float16", "bfloat16") for h in (1, 100, 1024, 2560, 4096, 5120, 8192, 10240,
+                                                                  12288, 16384, sample.MAX_HIDDEN)]
     + [(x, w, h) for x in ("float16", "bfloat16") for w in ("float16", "bfloat16") for h in (4096, 8192,
                                                                                             sample.MAX_HIDDEN)]
     + [("float32", w, h) for w in ("float32", "float16", "bfloat16") for h in (1, 100, 1024, 2048, 3072, 4096,
@@ -177,15 +179,20 @@ def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, w_dt
     fp32 X at MAX_HIDDEN holds 8 vectors of 4 per thread in 1024-thread CTAs: at most 64 registers each.
     """
     path = tmp_path / "k.ptx"
-    path.write_text(ptx_of(dtype, hidden, "sm_90a", w_dtype))
+    path.write_text(ptx_of(dtype, hidden, "sm_90a", w_dtype, few_tokens_plan=True))
     proc = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    frame, spill_st, spill_ld = map(int, re.search(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr).groups())
-    assert (frame, spill_st, spill_ld) == (0, 0, 0), proc.stderr
-    regs = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
     plan = sample.plan_kernel(hidden, ELEM_BYTES[dtype])
+    reports = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", proc.stderr,
+                              flags=re.S))
+    assert len(reports) == 1 + (sample.plan_kernel(hidden, ELEM_BYTES[dtype], few_tokens=True) != plan), reports
+    for report in reports.values():  # no kernel spills, the few-token one included
+        frame, spill_st, spill_ld = map(int, re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report).groups())
+        assert (frame, spill_st, spill_ld) == (0, 0, 0), proc.stderr
+    (regs,) = (int(re.search(r"Used (\d+) registers", report)[1]) for name, report in reports.items()
+               if f"_{plan}_" in name)  # occupancy matters for the many-token kernel
     cta = plan.cta_threads
     ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * cta),  # 8-register allocation unit
                       228 * 1024 // (plan.shared_memory_bytes + 1024),  # 1 KB per CTA reserved by the system
@@ -204,6 +211,48 @@ def sum_of_squares_depth(ptx):
         if shuffle:
             return depth.get(shuffle[1], 0)
     raise AssertionError("no warp shuffle in the PTX")
+
+
+# (hidden, bytes per element) -> (threads per row, vectors per thread) of the plan for at most FEW_TOKENS rows,
+# written from ROW_PLANS' lines; None where the many-token plan is used for every count.
+FEW_TOKEN_PLANS = [
+    (100, 2, None),          # <= 256 B: W late, several rows per warp
+    (1024, 2, None),         # <= 4 KB: already registers, W first
+    (4096, 2, (256, 2)),     # many tokens: staged
+    (5120, 2, (160, 4)),     # many tokens: staged
+    (8192, 2, None),         # 16 KB: already registers, W first
+    (10240, 2, (320, 4)),    # many tokens: staged, W late
+    (12288, 2, (384, 4)),    # many tokens: 192 threads x 8 vectors staged, W late
+    (16384, 2, (512, 4)),    # many tokens: registers, W late
+    (32768, 2, None),        # 1024 threads: W's registers next to X's would spill
+    (5120, 4, (320, 4)),     # fp32: many tokens staged, W late
+    (16384, 4, None),        # fp32: 1024 threads
+]
+
+
+@pytest.mark.parametrize("hidden, elem_bytes, few", FEW_TOKEN_PLANS)
+def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
+    many = sample.plan_kernel(hidden, elem_bytes)
+    plan = sample.plan_kernel(hidden, elem_bytes, few_tokens=True)
+    if few is None:
+        assert plan == many
+        return
+    assert plan != many
+    assert (plan.threads_per_row, plan.vecs_per_thread) == few
+    assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1 and plan.vec == many.vec
+
+
+@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (4096, 2), (12288, 2), (16384, 2), (sample.MAX_HIDDEN, 1)])
+def test_launcher_holds_a_second_kernel_where_few_tokens_get_their_own_plan(hidden, kernels):
+    """Both plans' kernels are in the launcher's module, named by their plans; without the few-token plan (the
+    AOT flavor's case) there is exactly one, the many-token plan's."""
+    names = re.findall(r"^\.visible \.entry (\w+)\(", ptx_of("float16", hidden, "sm_90a", few_tokens_plan=True),
+                       flags=re.M)
+    plans = {sample.plan_kernel(hidden), sample.plan_kernel(hidden, few_tokens=True)}
+    assert len(names) == kernels == len(plans)
+    assert all(any(f"_{plan}_" in name for name in names) for plan in plans)
+    (alone,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx_of("float16", hidden, "sm_90a"), flags=re.M)
+    assert f"_{sample.plan_kernel(hidden)}_" in alone
 
 
 @pytest.mark.parametrize("hidden", [100, 1000, 1024, 4096, 8192, 16384])
@@ -277,6 +326,7 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
     assert sample.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", few_tokens_plan=False) is not a
 
 
 @pytest.mark.parametrize("hidden,line", [

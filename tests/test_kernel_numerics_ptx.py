@@ -102,18 +102,26 @@ def check_fp32_scaling(ptx, io, w_io):
     assert conversions - widened <= rounded and (conversions & rounded or not rounded), sorted(conversions)
 
 
+def kernels(dtype, w_dtype, hidden):
+    """The PTX of each kernel the launcher may run (two where the few-token plan differs), one string each."""
+    ptx = sample.compile_rms_norm(dtype, hidden, arch="sm_90a", w_dtype=w_dtype, keep_ptx=True).__ptx__
+    entries = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, flags=re.M)]
+    return [ptx[start:end] for start, end in zip(entries, entries[1:] + [len(ptx)])]
+
+
+# 4096: 16-bit X staged for many tokens, in registers for few; 16384: W late for many tokens, first for few
 @pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [100, 1024, 4096, 16384])  # 4096: 16-bit X staged in shared memory
+@pytest.mark.parametrize("hidden", [100, 1024, 4096, 16384])
 def test_sum_of_squares_is_fp32_from_the_loads_to_the_shuffle(dtype, w_dtype, hidden):
-    ptx = sample.compile_rms_norm(dtype, hidden, arch="sm_90a", w_dtype=w_dtype, keep_ptx=True).__ptx__
-    check_fp32_sum_of_squares(ptx, PTX_TYPE[dtype])
+    for ptx in kernels(dtype, w_dtype, hidden):
+        check_fp32_sum_of_squares(ptx, PTX_TYPE[dtype])
 
 
 @pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [1024, 2048, 4096])  # 2048: fp32 X staged; 4096: 16-bit X staged
+@pytest.mark.parametrize("hidden", [1024, 2048, 4096, 12288])  # 2048: fp32 X staged; 12288: W late or first
 def test_w_is_converted_to_fp32_and_y_rounded_once(dtype, w_dtype, hidden):
-    ptx = sample.compile_rms_norm(dtype, hidden, arch="sm_90a", w_dtype=w_dtype, keep_ptx=True).__ptx__
-    check_fp32_scaling(ptx, PTX_TYPE[dtype], PTX_TYPE[w_dtype])
+    for ptx in kernels(dtype, w_dtype, hidden):
+        check_fp32_scaling(ptx, PTX_TYPE[dtype], PTX_TYPE[w_dtype])
 
 
 LOW_PRECISION_SQUARES = """
