@@ -68,7 +68,10 @@ AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", 
 
 
 def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32"):
-    """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in."""
+    """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
+
+    The many-token plan alone: an AOT implementation gives TensorRT one kernel for every token count.
+    """
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, w_dtype=w_dtype, keep_ptx=True,
@@ -81,7 +84,7 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
 def aot_launch_dims(plan, num_tokens):
     """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and TensorRT's symbols.
 
-    These must equal what rms_norm_launch uses: the PTX requires exactly
+    These must equal what launch_kernel uses for this plan: the PTX requires exactly
     plan.cta_threads threads (.reqntid), and its shared memory (staged rows of X,
     one float per warp of each row for the cross-warp reduction) is dynamic, so
     TensorRT must be told its size.

@@ -295,9 +295,8 @@ MAX_CTA_THREADS = 1024     # CUDA's limit; a row never spans two CTAs
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
 # How each row length is served: one row of this table per range of row
-# sizes, tuned on the H200 against copy_ over hidden sizes 512 to 16384 and 1
-# to 32768 tokens (benchmarks/NOTES.md has the measurements and the
-# alternatives). Longer vectors per thread mean fewer threads per row; "shared"
+# sizes, tuned on the H200 against copy_ (benchmarks/NOTES.md has the
+# measurements and the alternatives). Longer vectors per thread mean fewer threads per row; "shared"
 # needs 16-byte vectors (cp.async.cg copies exactly 16 bytes), else X stays in
 # registers. A call of at most FEW_TOKENS rows is one DRAM round trip per row,
 # nothing to overlap it with: there the shortest chain wins (X in registers,
@@ -327,7 +326,7 @@ ROW_PLANS = (
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements. An fp32 row as long takes
 # twice the vectors per thread and still stays in registers without spills
 # (tests/test_kernel_compile.py checks both).
-FEW_TOKENS = 128  # tuned: about one row per SM on the H200 (132 SMs); at 256 rows a 32 KB row's own plan was faster
+FEW_TOKENS = 128  # tuned: about one row per SM on the H200
 
 
 @dataclass(frozen=True)
