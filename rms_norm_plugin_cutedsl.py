@@ -8,7 +8,7 @@ What you will learn
   byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
   and stages mid-size rows in shared memory with ``cp.async``; every shape
   decision reaches it as one frozen ``KernelPlan``, a compile-time value, and
-  the launcher picks one of two plans from the token count at run time.
+  the launcher picks one of up to three plans from the token count at run time.
 * How to compile it ahead of the first inference call with a ``@cute.jit``
   launcher whose token count is a runtime ``Int32`` and whose stream is the one
   TensorRT hands to ``enqueue``.
@@ -275,8 +275,9 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # vectors of as many elements as X's. T = threads_per_row threads
 # share a row and thread t owns vectors t, t+T, t+2T, ... so neighbouring
 # threads touch neighbouring 16-byte chunks (coalesced). Short rows share a
-# CTA (rows_per_cta rows side by side). plan_kernel() picks the numbers,
-# once for calls of many rows and once for calls of a few (FEW_TOKENS).
+# CTA (rows_per_cta rows side by side); in the mid plan each CTA also takes
+# rows_in_sequence rows in turn. plan_kernel() picks the numbers for a call of
+# few, mid or many rows (ROW_PLANS below).
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
 #      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X (registers or smem), W
@@ -298,9 +299,16 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 # sizes, tuned on the H200 against copy_ (benchmarks/NOTES.md has the
 # measurements and the alternatives). Longer vectors per thread mean fewer threads per row; "shared"
 # needs 16-byte vectors (cp.async.cg copies exactly 16 bytes), else X stays in
-# registers. A call of at most FEW_TOKENS rows is one DRAM round trip per row,
-# nothing to overlap it with: there the shortest chain wins (X in registers,
-# W requested with it), so the launcher switches to that plan at run time.
+# registers. How many rows a call has matters too, so the launcher picks one of
+# three plans at run time:
+#   few   at most FEW_TOKENS rows: about one row per SM, one DRAM round trip with
+#         nothing to overlap it, so the shortest chain wins: X in registers and
+#         W requested with it, few_tokens_vecs vectors per thread;
+#   mid   MID_TOKENS rows: a few rows per SM, which all load at once and then all
+#         store at once; a CTA that stages two rows up front and normalizes
+#         them in turn stores the first while the second still arrives
+#         (W first, mid_tokens_vecs vectors per thread);
+#   many  any other count, and wherever the column is 0: the line's own plan.
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
@@ -308,25 +316,29 @@ class RowPlan:
     vecs_per_thread: int
     early_weight: bool     # W loaded before the reduction (True) or after it
     min_cta_threads: int   # short rows are packed side by side until a CTA has this many threads
-    few_tokens_vecs: int = 0  # at most FEW_TOKENS rows: X in registers, W first, this many vectors per thread
-                              # (0: the plan above already is that)
+    few_tokens_vecs: int = 0
+    mid_tokens_vecs: int = 0
 
 
 ROW_PLANS = (
-    RowPlan(256, "registers", 2, False, 256),       # tuned: rows of a few vectors: several rows per warp
-    RowPlan(4096, "registers", 2, True, 128),       # tuned: latency-bound rows
-    RowPlan(8192, "shared", 2, True, 128, 2),       # tuned: bandwidth-bound rows from here on
-    RowPlan(15360, "shared", 4, True, 128, 4),      # tuned
-    RowPlan(16384, "registers", 4, True, 128),      # tuned: staged 16 KB rows were slower at few tokens
-    RowPlan(20480, "shared", 4, False, 128, 4),     # tuned: long rows hold no W registers through the reduction
-    RowPlan(32767, "shared", 8, False, 128, 4),     # tuned
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4),  # tuned: a staged 32 KB row leaves too few rows per SM
+    RowPlan(256, "registers", 2, False, 256),          # tuned: rows of a few vectors: several rows per warp
+    RowPlan(2048, "registers", 2, True, 128),          # tuned: latency-bound rows
+    RowPlan(3072, "registers", 2, True, 128, 1),       # tuned
+    RowPlan(4096, "registers", 2, True, 128),          # tuned
+    RowPlan(8192, "shared", 2, True, 128, 2, 2),       # tuned: bandwidth-bound rows from here on
+    RowPlan(15360, "shared", 4, True, 128, 4, 4),      # tuned
+    RowPlan(16384, "registers", 4, True, 128, 0, 4),   # tuned: staged 16 KB rows ran slower, but for mid counts
+    RowPlan(20480, "shared", 4, False, 128, 4, 4),     # tuned: long rows hold no W registers through the reduction
+    RowPlan(32767, "shared", 8, False, 128, 4, 4),     # tuned
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4),  # tuned: a staged 32 KB row leaves too few rows per SM
 )
 # MAX_HIDDEN (top of the file) is the longest row the last plan holds:
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements. An fp32 row as long takes
 # twice the vectors per thread and still stays in registers without spills
 # (tests/test_kernel_compile.py checks both).
-FEW_TOKENS = 128  # tuned: about one row per SM on the H200
+FEW_TOKENS = 128          # tuned: calls of at most this many rows run the few-token plan
+MID_TOKENS = (384, 1024)  # tuned: calls of more than the first and at most the second run the mid plan
+ROWS_IN_SEQUENCE = 2      # rows each CTA of the mid plan normalizes in turn
 
 
 @dataclass(frozen=True)
@@ -342,6 +354,11 @@ class KernelPlan:
     early_weight: bool    # load W before the reduction, its latency hidden behind X's (True), or after it (the
                           # row then holds no W registers through the reduction)
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
+    rows_in_sequence: int = 1  # rows each row slot of a CTA normalizes one after another (staged plans only)
+
+    def __post_init__(self):
+        if self.rows_in_sequence > 1 and not self.stage_x:
+            raise ValueError("rows in sequence overlap only through cp.async: the plan must stage X")
 
     @property
     def num_vecs(self) -> int:
@@ -360,22 +377,35 @@ class KernelPlan:
     def cta_threads(self) -> int:
         return self.threads_per_row * self.rows_per_cta
 
+    @property
+    def cta_rows(self) -> int:
+        """Rows one CTA normalizes: rows_per_cta side by side, each slot rows_in_sequence times."""
+        return self.rows_per_cta * self.rows_in_sequence
+
+    @property
+    def sum_buffers(self) -> int:
+        """Sets of warp sums in shared memory: two when rows follow each other, so that a warp may write the
+        next row's sum while a slower warp still reads this row's."""
+        return min(2, self.rows_in_sequence)
+
     def grid(self, num_tokens):
         """CTAs for num_tokens rows; works on ints, on the launcher's Int32 and on TensorRT's symbolic sizes."""
-        return (num_tokens + self.rows_per_cta - 1) // self.rows_per_cta
+        return (num_tokens + self.cta_rows - 1) // self.cta_rows
 
     @property
     def shared_memory_bytes(self) -> int:
         """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
         rows (if any), then one FP32 sum per warp of each row (if a row spans warps)."""
-        staged = self.rows_per_cta * self.hidden * self.elem_bytes if self.stage_x else 0
-        return staged + (4 * self.warps_per_row * self.rows_per_cta if self.warps_per_row > 1 else 0)
+        staged = self.cta_rows * self.hidden * self.elem_bytes if self.stage_x else 0
+        sums = 4 * self.warps_per_row * self.rows_per_cta * self.sum_buffers
+        return staged + (sums if self.warps_per_row > 1 else 0)
 
     def __str__(self) -> str:
         """A short tag: CuteDSL names the kernel after its compile-time arguments' str() and cuts the name at
         180 characters, where the dataclass's long repr would push epsilon out of it."""
         weight = "early" if self.early_weight else "late"
-        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}"
+        sequence = f"q{self.rows_in_sequence}" if self.rows_in_sequence > 1 else ""
+        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}{sequence}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
 
     def owns(self, j):
@@ -404,16 +434,16 @@ def threads_for(num_vecs: int, vecs_per_thread: int) -> int:
     return min(WARP_THREADS * math.ceil(threads / WARP_THREADS), MAX_CTA_THREADS)
 
 
-def plan_kernel(hidden: int, elem_bytes: int = 2, few_tokens: bool = False) -> KernelPlan:
+def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
     The row's size in bytes picks a line of ROW_PLANS: short rows are
     latency-bound and keep X in registers; most longer rows are bandwidth-bound
     and stage X in shared memory, where cp.async holds no register while the
     bytes arrive, so more rows fit on an SM (the table says which do not).
-    ``few_tokens=True`` gives the plan for calls of at most FEW_TOKENS rows
-    (the same plan where the line has none, or where it would need more than
-    512 threads per row).
+    ``num_tokens`` gives the plan the launcher runs for a call of that many rows
+    (None: the plan for many rows). A few- or mid-token plan needs at most 512
+    threads per row, else the many-row plan serves every count.
     """
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
@@ -422,15 +452,20 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, few_tokens: bool = False) -> K
         vec //= 2
     num_vecs = hidden // vec
     row = next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
-    x_in, vecs, early_weight = row.x_in, row.vecs_per_thread, row.early_weight
-    # The few-token plan holds W's registers next to X's; a row that needs 1024 threads (64 registers each)
-    # would spill, so it keeps its plan.
-    if few_tokens and row.few_tokens_vecs and math.ceil(num_vecs / row.few_tokens_vecs) <= MAX_CTA_THREADS // 2:
-        x_in, vecs, early_weight = "registers", row.few_tokens_vecs, True
+    can_stage = vec * elem_bytes == VECTOR_BYTES
+    x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
+    few = num_tokens is not None and num_tokens <= FEW_TOKENS
+    mid = num_tokens is not None and MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and can_stage
+    count_vecs = row.few_tokens_vecs if few else row.mid_tokens_vecs if mid else 0
+    # Both hold W's registers next to X's through the reduction; at 1024 threads per row (64 registers each)
+    # that would spill, and the mid plan would stage two rows of up to 128 KB each.
+    if count_vecs and math.ceil(num_vecs / count_vecs) <= MAX_CTA_THREADS // 2:
+        x_in, vecs, early_weight = ("registers" if few else "shared"), count_vecs, True
+        in_sequence = ROWS_IN_SEQUENCE if mid else 1
     threads = threads_for(num_vecs, vecs)
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads),
                       math.ceil(num_vecs / threads), early_weight=early_weight,
-                      stage_x=x_in == "shared" and vec * elem_bytes == VECTOR_BYTES)
+                      stage_x=x_in == "shared" and can_stage, rows_in_sequence=in_sequence)
 
 
 def vector_of(view, k: int, j):
@@ -493,8 +528,7 @@ def rms_norm_kernel(
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     row_in_cta, t = tidx // plan.threads_per_row, tidx % plan.threads_per_row
-    row = bidx * plan.rows_per_cta + row_in_cta
-    row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
+    first_row = bidx * plan.cta_rows + row_in_cta  # the slot's rows: first_row + i * rows_per_cta
     smem = cutlass.memory.SmemAllocator()
 
     # Step 1: each thread loads its vectors of X (and, where the plan says so,
@@ -509,83 +543,97 @@ def rms_norm_kernel(
     if cutlass.const_expr(plan.stage_x):
         # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
         # only) while W is loaded; no register waits for X's bytes from DRAM.
-        # Each thread waits for its own copies only, so no barrier is needed.
-        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.rows_per_cta, vec, plan.num_vecs),
+        # All of the slot's rows are requested up front, one commit group each,
+        # and row i waits below for its own group only: the next row's bytes keep
+        # arriving while this one is reduced and stored. Each thread waits for
+        # its own copies only, so no barrier is needed.
+        sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.cta_rows, vec, plan.num_vecs),
                                                                     stride=(hidden, 1, vec)), 16)
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
                                   num_bits_per_copy=VECTOR_BYTES * 8)
-        if row_ok:
-            copy_vectors(t, plan, ((mX, row), (sX, row_in_cta), True), atom=g2s)
-        cute.arch.cp_async_commit_group()
+        for i in cutlass.range_constexpr(plan.rows_in_sequence):
+            if first_row + i * plan.rows_per_cta < num_tokens:
+                copy_vectors(t, plan, ((mX, first_row + i * plan.rows_per_cta),
+                                       (sX, i * plan.rows_per_cta + row_in_cta), True), atom=g2s)
+            cute.arch.cp_async_commit_group()
         copy_vectors(t, plan, *early_w)
-        cute.arch.cp_async_wait_group(0)
-        if row_ok:
-            copy_vectors(t, plan, ((sX, row_in_cta), tXrX, True))
-    else:
-        # Registers: X straight from DRAM, each W vector requested just before
-        # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
-        copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
-
-    # Step 2: per-thread partial sum of squares, in FP32. Adding across the
-    # thread's vectors first (vec independent running sums), then within one
-    # vector, keeps the chain of dependent adds vecs_per_thread + vec long
-    # instead of their product: every row waits for this chain before its shuffles.
-    x = tXrX.load().to(Float32)
-    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
-    partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-
-    # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
     if cutlass.const_expr(plan.warps_per_row > 1):
-        # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta)), 16)
-        if t % WARP_THREADS == 0:
-            sSum[t // WARP_THREADS, row_in_cta] = total
-        cute.arch.barrier()
-        # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
-        total = Float32(0.0)
-        for w in cutlass.range_constexpr(plan.warps_per_row):
-            total = total + sSum[w, row_in_cta]
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta,
+                                                               plan.sum_buffers)), 16)
 
-    # Step 4: one reciprocal square root per row. Its argument is at least
-    # epsilon, so when epsilon is a normal float32 the argument is never
-    # subnormal and the flush-to-zero form returns the same value without the
-    # subnormal-input guard ptxas puts around plain rsqrt.approx.f32 on every
-    # row's critical path.
-    mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1/hidden folds to a constant
-    if cutlass.const_expr(epsilon >= FLT_MIN):
-        rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
-    else:
-        rstd = cute.math.rsqrt(mean_sq_eps)
+    for i in cutlass.range_constexpr(plan.rows_in_sequence):  # one row per slot, unless the plan says otherwise
+        row = first_row + i * plan.rows_per_cta
+        row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
+        if cutlass.const_expr(plan.stage_x):
+            cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
+            if row_ok:
+                copy_vectors(t, plan, ((sX, i * plan.rows_per_cta + row_in_cta), tXrX, True))
+        else:
+            # Registers: X straight from DRAM, each W vector requested just before
+            # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
+            copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
 
-    # Step 5: scale in FP32, cast once, store with the same vectors that were
-    # loaded, with the default cache policy (Y is usually read next by another
-    # kernel). A staged row reads X again from shared memory one vector at a
-    # time instead of keeping a row of FP32 values live through Steps 3-4,
-    # which also lets ptxas issue W's loads before the cp.async wait.
-    if cutlass.const_expr(not plan.early_weight):
-        copy_vectors(t, plan, (mW, tWrW, True))
-    if cutlass.const_expr(plan.stage_x):
-        def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
-            return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
+        # Step 2: per-thread partial sum of squares, in FP32. Adding across the
+        # thread's vectors first (vec independent running sums), then within one
+        # vector, keeps the chain of dependent adds vecs_per_thread + vec long
+        # instead of their product: every row waits for this chain before its shuffles.
+        x = tXrX.load().to(Float32)
+        lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
+        partial = lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
-        if row_ok:
-            copy_vectors(t, plan, ((sX, row_in_cta), (mY, row), True), transform=normalize)
-    else:
-        tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
-        tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
-        if row_ok:
-            copy_vectors(t, plan, (tYrY, (mY, row), True))
+        # Step 3a: butterfly shuffle inside the warp (or inside the row's slice of it).
+        total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
+        if cutlass.const_expr(plan.warps_per_row > 1):
+            # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
+            if t % WARP_THREADS == 0:
+                sSum[t // WARP_THREADS, row_in_cta, i % plan.sum_buffers] = total
+            cute.arch.barrier()
+            # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(plan.warps_per_row):
+                total = total + sSum[w, row_in_cta, i % plan.sum_buffers]
+
+        # Step 4: one reciprocal square root per row. Its argument is at least
+        # epsilon, so when epsilon is a normal float32 the argument is never
+        # subnormal and the flush-to-zero form returns the same value without the
+        # subnormal-input guard ptxas puts around plain rsqrt.approx.f32 on every
+        # row's critical path.
+        mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1/hidden folds to a constant
+        if cutlass.const_expr(epsilon >= FLT_MIN):
+            rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
+        else:
+            rstd = cute.math.rsqrt(mean_sq_eps)
+
+        # Step 5: scale in FP32, cast once, store with the same vectors that were
+        # loaded, with the default cache policy (Y is usually read next by another
+        # kernel). A staged row reads X again from shared memory one vector at a
+        # time instead of keeping a row of FP32 values live through Steps 3-4,
+        # which also lets ptxas issue W's loads before the cp.async wait.
+        if cutlass.const_expr(not plan.early_weight and i == 0):
+            copy_vectors(t, plan, (mW, tWrW, True))
+        if cutlass.const_expr(plan.stage_x):
+            def normalize(values, k):  # one vector of X, read back from shared memory, to one vector of Y
+                return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
+
+            if row_ok:
+                copy_vectors(t, plan, ((sX, i * plan.rows_per_cta + row_in_cta), (mY, row), True), transform=normalize)
+        else:
+            tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
+            tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
+            if row_ok:
+                copy_vectors(t, plan, (tYrY, (mY, row), True))
 
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
-# Baked in at compile time: the X/Y and W dtypes, the two plans (hidden size,
-# vector width, threads per row, rows per CTA, registers or shared memory; one
-# for many rows, one for at most FEW_TOKENS), epsilon, and the 16-byte alignment
-# of the three base pointers. Runtime arguments: the three addresses, num_tokens
+# Baked in at compile time: the X/Y and W dtypes, the three plans (hidden size,
+# vector width, threads per row, rows per CTA, registers or shared memory; for
+# few, mid and many rows, see ROW_PLANS), epsilon, and the 16-byte alignment of
+# the three base pointers. Runtime arguments: the three addresses, num_tokens
 # and the stream. The launcher picks the plan from num_tokens on the host, so one
-# compiled launcher serves every token count of the optimization profile.
+# compiled launcher serves every token count of the optimization profile. A plan
+# that serves two ranges of counts is launched from one place, so its kernel is
+# compiled once.
 
 
 def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
@@ -595,23 +643,33 @@ def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
 
 
 @cute.jit
+def launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon):
+    """Launch the few-token plan for at most FEW_TOKENS rows, else the many-token plan."""
+    if cutlass.const_expr(few == many):
+        launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
+    elif num_tokens <= FEW_TOKENS:
+        launch_kernel(few, mX, mW, mY, num_tokens, stream, epsilon)
+    else:
+        launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
+
+
+@cute.jit
 def rms_norm_launch(
     mX: cute.Tensor,
     mW: cute.Tensor,
     mY: cute.Tensor,
     num_tokens: Int32,
     stream: cuda.CUstream,
-    plans: cutlass.Constexpr,  # (plan for many rows, plan for at most FEW_TOKENS rows)
+    plans: cutlass.Constexpr,  # (few, mid, many): the plans for calls of few, mid and many rows
     epsilon: cutlass.Constexpr,
 ):
-    many, few = plans
-    if cutlass.const_expr(few == many):
-        launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
+    few, mid, many = plans
+    if cutlass.const_expr(mid == many):
+        launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon)
+    elif num_tokens > MID_TOKENS[0] and num_tokens <= MID_TOKENS[1]:
+        launch_kernel(mid, mX, mW, mY, num_tokens, stream, epsilon)
     else:
-        if num_tokens <= FEW_TOKENS:
-            launch_kernel(few, mX, mW, mY, num_tokens, stream, epsilon)
-        else:
-            launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
+        launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon)
 
 
 def gpu_arch() -> str:
@@ -625,26 +683,27 @@ _COMPILE_LOCK = threading.Lock()
 
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
-                     w_dtype: str = "float32", keep_ptx: bool = False, few_tokens_plan: bool = True):
+                     w_dtype: str = "float32", keep_ptx: bool = False, plans_by_tokens: bool = True):
     """Compile the launcher for one X/Y dtype, W dtype, hidden size and epsilon, once per process.
 
     The cache key is exactly what the compiled code bakes in: both dtypes, hidden,
     epsilon (as the float32 the kernel uses), the GPU architecture and whether the
-    few-token plan is in. ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU;
+    few- and mid-token plans are in. ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU;
     ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache and
-    returns a fresh compilation whose ``__ptx__`` holds the PTX text (two kernels
-    where the two plans differ). ``few_tokens_plan=False`` compiles the
-    many-row plan alone, for every token count: one kernel, as the AOT flavor needs.
+    returns a fresh compilation whose ``__ptx__`` holds the PTX text (one kernel
+    per distinct plan). ``plans_by_tokens=False`` compiles the many-row plan
+    alone, for every token count: one kernel, as the AOT flavor needs.
     """
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"dtype must be one of {list(ACTIVATION_DTYPES)}, got {dtype!r}")
     if w_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"w_dtype must be one of {list(WEIGHT_DTYPES)}, got {w_dtype!r}")
     many = plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
-    plans = (many, plan_kernel(hidden, DTYPES[dtype].bytes, few_tokens=True) if few_tokens_plan else many)
+    plans = (plan_kernel(hidden, DTYPES[dtype].bytes, 1), plan_kernel(hidden, DTYPES[dtype].bytes, MID_TOKENS[1]),
+             many) if plans_by_tokens else (many,) * 3
     epsilon = validate_epsilon(epsilon)
     arch = arch or gpu_arch()
-    key = (dtype, w_dtype, hidden, epsilon, arch, few_tokens_plan)
+    key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
             elem = getattr(cutlass, DTYPES[dtype].cute)
@@ -1352,8 +1411,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
         elem_bytes = DTYPES[args.dtype].bytes
-        many, few = plan_kernel(args.hidden_dim, elem_bytes), plan_kernel(args.hidden_dim, elem_bytes, few_tokens=True)
-        print(many.describe() + (f"\n  up to {FEW_TOKENS} tokens: {few.describe()}" if few != many else ""))
+        many, few = plan_kernel(args.hidden_dim, elem_bytes), plan_kernel(args.hidden_dim, elem_bytes, 1)
+        mid = plan_kernel(args.hidden_dim, elem_bytes, MID_TOKENS[1])
+        print(many.describe() + (f"\n  up to {FEW_TOKENS} tokens: {few.describe()}" if few != many else "")
+              + (f"\n  {MID_TOKENS[0] + 1}-{MID_TOKENS[1]} tokens: {mid.describe()}" if mid != many else ""))
         with tensorrt_stage("execution context"):
             correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
                                     args.weight_dtype)

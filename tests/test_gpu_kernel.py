@@ -7,7 +7,9 @@ import rms_norm_plugin_cutedsl as sample
 
 pytestmark = pytest.mark.gpu
 
-TOKENS = [1, 2, 37, 128, 129, 511, 512, 4096]  # up to 128 (FEW_TOKENS): the few-token plan where there is one
+# Both sides of each boundary between token plans (FEW_TOKENS 128, MID_TOKENS 384-1024); odd counts leave the
+# mid plan's last CTA a spare second row.
+TOKENS = [1, 2, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]
 HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 12288, 16384]  # 2056-6144: 16-bit X staged
 # Every X x W combination; Y has X's dtype.
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
@@ -52,9 +54,10 @@ def test_largest_supported_hidden(tokens, dtype, w_dtype):
     _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens)
 
 
-@pytest.mark.parametrize("hidden", [4096, 12288, 16384])
-def test_launcher_runs_the_few_token_plan_up_to_few_tokens(hidden):
-    """The kernel that runs, by its name (which carries its plan): the few-token plan up to FEW_TOKENS rows."""
+@pytest.mark.parametrize("hidden", [1536, 4096, 8192, 12288, 16384])
+def test_launcher_runs_the_plan_for_the_token_count(hidden):
+    """The kernel that runs, by its name (which carries its plan), on both sides of every boundary: few-token plan
+    up to FEW_TOKENS rows, mid plan above MID_TOKENS[0] and up to MID_TOKENS[1], the many-token plan otherwise."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -71,10 +74,14 @@ def test_launcher_runs_the_few_token_plan_up_to_few_tokens(hidden):
             pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
         return names
 
-    few, many = sample.plan_kernel(hidden, 2, few_tokens=True), sample.plan_kernel(hidden, 2)
-    assert few != many
-    assert [f"_{few}_" in name for name in kernels_run(sample.FEW_TOKENS)] == [True]
-    assert [f"_{many}_" in name for name in kernels_run(sample.FEW_TOKENS + 1)] == [True]
+    few, many = sample.plan_kernel(hidden, 2, 1), sample.plan_kernel(hidden, 2)
+    mid = sample.plan_kernel(hidden, 2, 512)
+    lo, hi = sample.MID_TOKENS
+    expected = {1: few, sample.FEW_TOKENS: few, sample.FEW_TOKENS + 1: many, lo: many, lo + 1: mid, hi: mid,
+                hi + 1: many}
+    assert len({few, mid, many}) >= 2
+    for tokens, plan in expected.items():
+        assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

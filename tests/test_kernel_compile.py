@@ -20,10 +20,21 @@ ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
 
-def ptx_of(dtype, hidden, arch, w_dtype="float32", few_tokens_plan=False):
-    """The PTX of the many-token kernel alone, or with few_tokens_plan=True of every kernel the launcher holds."""
+def ptx_of(dtype, hidden, arch, w_dtype="float32", plans_by_tokens=False):
+    """The PTX of the many-token kernel alone, or with plans_by_tokens=True of every kernel the launcher holds."""
     return sample.compile_rms_norm(dtype, hidden, arch=arch, w_dtype=w_dtype, keep_ptx=True,
-                                   few_tokens_plan=few_tokens_plan).__ptx__
+                                   plans_by_tokens=plans_by_tokens).__ptx__
+
+
+def plans_of(hidden, elem_bytes=2):
+    """The distinct plans the launcher holds: for 1 row (few), for MID_TOKENS rows (mid) and for many."""
+    return {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, sample.MID_TOKENS[1], None)}
+
+
+def entries(ptx):
+    """{kernel name: its PTX text} for each .entry of a module."""
+    starts = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, flags=re.M)] + [len(ptx)]
+    return {re.match(r"\.visible \.entry (\w+)\(", ptx[a:])[1]: ptx[a:b] for a, b in zip(starts, starts[1:])}
 
 
 def global_accesses(ptx):
@@ -154,7 +165,25 @@ def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, ele
     staged = rows * hidden * elem_bytes if plan.stage_x else 0
     warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
     assert plan.shared_memory_bytes == staged + warp_sums
-    assert plan.shared_memory_bytes <= 48 * 1024, "more would need an opt-in launch attribute"
+    assert plan.shared_memory_bytes <= 48 * 1024, "the AOT flavor's plan: more would need an opt-in launch attribute"
+
+
+@pytest.mark.parametrize("hidden, elem_bytes", [(4096, 2), (8192, 2), (12288, 2), (16384, 2), (8192, 4)])
+def test_the_mid_plan_stages_two_rows_and_two_sets_of_warp_sums(hidden, elem_bytes):
+    """Two rows staged per CTA, and a second set of warp sums so that one barrier per row suffices. Over 48 KB
+    (two 32 KB rows) is fine in the JIT flavor: CuteDSL gives every kernel the device's opt-in maximum of
+    dynamic shared memory (cutlass_dsl/cutlass.py, _generate_cuda_kernel_op); the AOT flavor never runs it."""
+    plan = sample.plan_kernel(hidden, elem_bytes, 512)
+    assert plan.rows_in_sequence == 2 and plan.stage_x and plan.rows_per_cta == 1
+    assert plan.shared_memory_bytes == 2 * hidden * elem_bytes + 2 * 4 * (plan.threads_per_row // 32)
+    assert plan.shared_memory_bytes <= 64 * 1024 + 1024
+    assert [plan.grid(n) for n in (385, 512, 1023, 1024)] == [193, 256, 512, 512]
+
+
+def test_rows_in_sequence_need_a_staged_plan():
+    """Only cp.async lets the next row arrive while this one is normalized; a registers plan is refused."""
+    with pytest.raises(ValueError, match="stage X"):
+        sample.KernelPlan(4096, 2, 8, 256, 1, 2, early_weight=True, stage_x=False, rows_in_sequence=2)
 
 
 ON_CHIP_CASES = (
@@ -179,15 +208,15 @@ def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, w_dt
     fp32 X at MAX_HIDDEN holds 8 vectors of 4 per thread in 1024-thread CTAs: at most 64 registers each.
     """
     path = tmp_path / "k.ptx"
-    path.write_text(ptx_of(dtype, hidden, "sm_90a", w_dtype, few_tokens_plan=True))
+    path.write_text(ptx_of(dtype, hidden, "sm_90a", w_dtype, plans_by_tokens=True))
     proc = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     plan = sample.plan_kernel(hidden, ELEM_BYTES[dtype])
     reports = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", proc.stderr,
                               flags=re.S))
-    assert len(reports) == 1 + (sample.plan_kernel(hidden, ELEM_BYTES[dtype], few_tokens=True) != plan), reports
-    for report in reports.values():  # no kernel spills, the few-token one included
+    assert len(reports) == len(plans_of(hidden, ELEM_BYTES[dtype])), reports
+    for report in reports.values():  # no kernel spills, the few- and mid-token ones included
         frame, spill_st, spill_ld = map(int, re.search(
             r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report).groups())
         assert (frame, spill_st, spill_ld) == (0, 0, 0), proc.stderr
@@ -217,7 +246,9 @@ def sum_of_squares_depth(ptx):
 # written from ROW_PLANS' lines; None where the many-token plan is used for every count.
 FEW_TOKEN_PLANS = [
     (100, 2, None),          # <= 256 B: W late, several rows per warp
-    (1024, 2, None),         # <= 4 KB: already registers, W first
+    (1024, 2, None),         # <= 2 KB: already registers, W first
+    (1536, 2, (192, 1)),     # 2-3 KB: one vector per thread instead of two
+    (2048, 2, None),         # <= 4 KB: already registers, W first
     (4096, 2, (256, 2)),     # many tokens: staged
     (5120, 2, (160, 4)),     # many tokens: staged
     (8192, 2, None),         # 16 KB: already registers, W first
@@ -233,7 +264,9 @@ FEW_TOKEN_PLANS = [
 @pytest.mark.parametrize("hidden, elem_bytes, few", FEW_TOKEN_PLANS)
 def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
     many = sample.plan_kernel(hidden, elem_bytes)
-    plan = sample.plan_kernel(hidden, elem_bytes, few_tokens=True)
+    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, 37, sample.FEW_TOKENS)}
+    assert len(plans) == 1
+    (plan,) = plans
     if few is None:
         assert plan == many
         return
@@ -242,17 +275,69 @@ def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
     assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1 and plan.vec == many.vec
 
 
-@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (4096, 2), (12288, 2), (16384, 2), (sample.MAX_HIDDEN, 1)])
-def test_launcher_holds_a_second_kernel_where_few_tokens_get_their_own_plan(hidden, kernels):
-    """Both plans' kernels are in the launcher's module, named by their plans; without the few-token plan (the
-    AOT flavor's case) there is exactly one, the many-token plan's."""
-    names = re.findall(r"^\.visible \.entry (\w+)\(", ptx_of("float16", hidden, "sm_90a", few_tokens_plan=True),
-                       flags=re.M)
-    plans = {sample.plan_kernel(hidden), sample.plan_kernel(hidden, few_tokens=True)}
-    assert len(names) == kernels == len(plans)
-    assert all(any(f"_{plan}_" in name for name in names) for plan in plans)
-    (alone,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx_of("float16", hidden, "sm_90a"), flags=re.M)
+# (hidden, bytes per element) -> (threads per row, vectors per thread) of the plan for more than MID_TOKENS[0]
+# and at most MID_TOKENS[1] rows, written from ROW_PLANS' lines; None where the many-token plan serves them.
+MID_TOKEN_PLANS = [
+    (100, 2, None),          # registers lines have no mid plan
+    (1536, 2, None),
+    (2052, 2, None),         # 8 KB line, but 8-byte vectors (2052 % 8 == 4): nothing to stage by cp.async.cg
+    (4096, 2, (256, 2)),
+    (5120, 2, (160, 4)),
+    (8192, 2, (256, 4)),     # the 16 KB line keeps X in registers for many rows, stages it here
+    (10240, 2, (320, 4)),
+    (12288, 2, (384, 4)),    # many rows: 192 threads x 8 vectors
+    (16384, 2, (512, 4)),
+    (32768, 2, None),        # 1024 threads: two staged 64 KB rows per CTA would be too much
+    (2048, 4, (256, 2)),     # fp32 X: 8 KB rows, 512 vectors of 4
+    (16384, 4, None),
+]
+
+
+@pytest.mark.parametrize("hidden, elem_bytes, mid", MID_TOKEN_PLANS)
+def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes, mid):
+    many = sample.plan_kernel(hidden, elem_bytes)
+    lo, hi = sample.MID_TOKENS
+    assert {sample.plan_kernel(hidden, elem_bytes, n) for n in (lo, hi + 1)} == {many}
+    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (lo + 1, 512, hi)}
+    assert len(plans) == 1
+    (plan,) = plans
+    if mid is None:
+        assert plan == many
+        return
+    assert (plan.threads_per_row, plan.vecs_per_thread) == mid
+    assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
+
+
+@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 2), (12288, 3), (16384, 3),
+                                             (sample.MAX_HIDDEN, 1)])
+def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
+    """Every plan's kernel is in the launcher's module once, named by its plan (the 16 KB line's few-token plan
+    is its many-token plan, which the launcher reaches for two ranges of counts); without the plans by token
+    count (the AOT flavor's case) there is exactly one, the many-token plan's."""
+    names = list(entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)))
+    assert len(names) == kernels == len(plans_of(hidden))
+    assert all(sum(f"_{plan}_" in name for name in names) == 1 for plan in plans_of(hidden))
+    (alone,) = entries(ptx_of("float16", hidden, "sm_90a"))
     assert f"_{sample.plan_kernel(hidden)}_" in alone
+
+
+@pytest.mark.parametrize("hidden", [4096, 12288])
+def test_the_mid_plan_stores_its_first_row_before_waiting_for_the_second(hidden):
+    """The point of the mid plan: both rows are requested up front (2 x vecs_per_thread 16-byte cp.async, one
+    commit group each), row 1 waits for its own group only (wait_group 1), and its stores are issued before
+    the wait for row 2 (wait_group 0)."""
+    mid = sample.plan_kernel(hidden, 2, 512)
+    (ptx,) = (text for name, text in entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)).items()
+              if f"_{mid}_" in name)
+    copies = [m.start() for m in re.finditer(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16\b", ptx)]
+    commits = [m.start() for m in re.finditer(r"cp\.async\.commit_group;", ptx)]
+    waits = {int(m[1]): m.start() for m in re.finditer(r"cp\.async\.wait_group\s+(\d+);", ptx)}
+    assert len(copies) == 2 * mid.vecs_per_thread and len(commits) == 2 and list(waits) == [1, 0]
+    first_wait, last_wait = waits[1], waits[0]
+    assert max(copies) < commits[1] < first_wait
+    stores = [m.start() for m in re.finditer(r"st\.global\.v4\.b32", ptx)]
+    assert len(stores) == 2 * mid.vecs_per_thread
+    assert first_wait < min(stores) and sorted(stores)[mid.vecs_per_thread - 1] < last_wait
 
 
 @pytest.mark.parametrize("hidden", [100, 1000, 1024, 4096, 8192, 16384])
@@ -326,7 +411,7 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
     assert sample.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
     assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a
-    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", few_tokens_plan=False) is not a
+    assert sample.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", plans_by_tokens=False) is not a
 
 
 @pytest.mark.parametrize("hidden,line", [

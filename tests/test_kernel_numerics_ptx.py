@@ -103,7 +103,7 @@ def check_fp32_scaling(ptx, io, w_io):
 
 
 def kernels(dtype, w_dtype, hidden):
-    """The PTX of each kernel the launcher may run (two where the few-token plan differs), one string each."""
+    """The PTX of each kernel the launcher may run (one per distinct plan: few, mid and many rows), one string each."""
     ptx = sample.compile_rms_norm(dtype, hidden, arch="sm_90a", w_dtype=w_dtype, keep_ptx=True).__ptx__
     entries = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, flags=re.M)]
     return [ptx[start:end] for start, end in zip(entries, entries[1:] + [len(ptx)])]

@@ -30,12 +30,21 @@ def test_a_spec_names_the_plan(time_plans, spec, hidden, fields, min_ctas):
     plan, bound = time_plans.parse_plan(spec, hidden, 2)
     assert (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight, plan.stage_x) == fields
     assert bound == min_ctas
+    assert plan.rows_in_sequence == 1
+
+
+def test_a_spec_puts_rows_in_sequence(time_plans):
+    plan, bound = time_plans.parse_plan("t384k4sq2", 12288, 2)
+    assert (plan.threads_per_row, plan.vecs_per_thread, plan.stage_x, plan.early_weight) == (384, 4, True, True)
+    assert (plan.rows_per_cta, plan.rows_in_sequence, plan.cta_rows, bound) == (1, 2, 2, 0)
 
 
 @pytest.mark.parametrize("spec,hidden,why", [
     ("t64k1", 1024, "covers 512 elements"),
     ("t32k4s", 100, "8-byte vectors"),
     ("64k2", 1024, "not of the form"),
+    ("t48k4", 1536, "whole warps"),        # 48 threads: Step 3b would sum one warp of the row's two
+    ("t96k2q2", 1536, "needs s"),
 ])
 def test_a_spec_that_cannot_serve_the_row_is_refused(time_plans, spec, hidden, why):
     with pytest.raises(ValueError, match=why):

@@ -7,6 +7,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
     T threads per row, K vectors per thread,
     s  X staged in shared memory (needs 16-byte vectors),   l  W loaded after the reduction,
     rR R rows per CTA (default: enough rows for 128 threads),
+    qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized once it is in),
     mM ask ptxas for at least M CTAs per SM (a launch bound: it caps the registers per thread).
 
     python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2 [--rounds 5]
@@ -37,24 +38,28 @@ from cutlass import Float32, Int32  # noqa: E402
 
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
 
-SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:m(\d+))?$")
+SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:q(\d+))?(?:m(\d+))?$")
 
 
 def parse_plan(spec: str, hidden: int, elem_bytes: int):
     """(KernelPlan, min CTAs per SM or 0) for a spec such as t160k4sl; ValueError if it cannot cover the row."""
     match = SPEC.match(spec)
     if not match:
-        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][mM]")
-    threads, vecs, staged, late, rows, min_ctas = match.groups()
+        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][qQ][mM]")
+    threads, vecs, staged, late, rows, sequence, min_ctas = match.groups()
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
+    if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
+        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3b)")
     if threads * vecs * own.vec < hidden:
         raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, the row has {hidden}")
     if staged and own.vec * elem_bytes != sample.VECTOR_BYTES:
         raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives {own.vec * elem_bytes}-byte vectors")
+    if sequence and not staged:
+        raise ValueError(f"plan {spec!r} puts rows in sequence, which needs s (X staged)")
     rows = int(rows) if rows else max(1, 128 // threads)
     plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
-                             stage_x=bool(staged))
+                             stage_x=bool(staged), rows_in_sequence=int(sequence or 1))
     return plan, int(min_ctas or 0)
 
 
@@ -129,7 +134,7 @@ def time_shapes(args):
             y_copy = torch.empty_like(x)
             fd = sample.from_dlpack
             calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
-            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, few_tokens=tokens <= sample.FEW_TOKENS))}
+            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
             for spec in args.plans:
                 plan, min_ctas = parse_plan(spec, hidden, names.bytes)
                 calls[spec], plans[spec] = compile_plan(dtype, plan, min_ctas, arch), str(plan)
