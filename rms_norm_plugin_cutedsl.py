@@ -416,6 +416,8 @@ class KernelPlan:
         """One line for a reader: which way the kernel holds a row, and how the row is split."""
         where = "X staged in shared memory" if self.stage_x else "X in registers"
         rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
+        if self.rows_in_sequence > 1:
+            rows = f"{self.cta_rows} rows/CTA in turn"
         return (f"kernel: vector {self.vec} x {self.elem_bytes * 8}-bit, {self.threads_per_row} threads/row "
                 f"x {self.vecs_per_thread} vectors, {rows}, {where}")
 

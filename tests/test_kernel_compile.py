@@ -424,6 +424,11 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
     assert sample.plan_kernel(hidden).describe() == line
 
 
+def test_the_mid_plan_describes_its_rows_in_turn():
+    assert sample.plan_kernel(8192, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 4 vectors, "
+                                                          "2 rows/CTA in turn, X staged in shared memory")
+
+
 def test_dtype_table_names_the_same_type_in_every_library():
     """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size, ONNX names the same
     type; a 16-bit Y's rtol is one ulp (fp32's is derived in test_tolerance.py)."""
