@@ -304,10 +304,10 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #   few   at most FEW_TOKENS rows: about one row per SM, one DRAM round trip with
 #         nothing to overlap it, so the shortest chain wins: X in registers and
 #         W requested with it, few_tokens_vecs vectors per thread;
-#   mid   MID_TOKENS rows: a few rows per SM, which all load at once and then all
-#         store at once; a CTA that stages two rows up front and normalizes
-#         them in turn stores the first while the second still arrives
-#         (W first, mid_tokens_vecs vectors per thread);
+#   mid   more than MID_TOKENS[0], at most MID_TOKENS[1] rows: a few rows per SM,
+#         which would all load at once and then all store at once; a CTA that
+#         stages two rows up front and normalizes them in turn stores the first
+#         while the second still arrives (W first, mid_tokens_vecs vectors per thread);
 #   many  any other count, and wherever the column is 0: the line's own plan.
 @dataclass(frozen=True)
 class RowPlan:
@@ -554,9 +554,9 @@ def rms_norm_kernel(
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
                                   num_bits_per_copy=VECTOR_BYTES * 8)
         for i in cutlass.range_constexpr(plan.rows_in_sequence):
-            if first_row + i * plan.rows_per_cta < num_tokens:
-                copy_vectors(t, plan, ((mX, first_row + i * plan.rows_per_cta),
-                                       (sX, i * plan.rows_per_cta + row_in_cta), True), atom=g2s)
+            row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta
+            if row < num_tokens:
+                copy_vectors(t, plan, ((mX, row), (sX, slot), True), atom=g2s)
             cute.arch.cp_async_commit_group()
         copy_vectors(t, plan, *early_w)
     if cutlass.const_expr(plan.warps_per_row > 1):
@@ -564,12 +564,13 @@ def rms_norm_kernel(
                                                                plan.sum_buffers)), 16)
 
     for i in cutlass.range_constexpr(plan.rows_in_sequence):  # one row per slot, unless the plan says otherwise
-        row = first_row + i * plan.rows_per_cta
+        row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta  # slot: the row's place in sX
         row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
         if cutlass.const_expr(plan.stage_x):
+            # Groups complete in order, so once at most the later rows' groups are pending, row i is in.
             cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
             if row_ok:
-                copy_vectors(t, plan, ((sX, i * plan.rows_per_cta + row_in_cta), tXrX, True))
+                copy_vectors(t, plan, ((sX, slot), tXrX, True))
         else:
             # Registers: X straight from DRAM, each W vector requested just before
             # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
@@ -618,7 +619,7 @@ def rms_norm_kernel(
                 return (values.to(Float32) * rstd * tWrW[None, k].load().to(Float32)).to(mY.element_type)
 
             if row_ok:
-                copy_vectors(t, plan, ((sX, i * plan.rows_per_cta + row_in_cta), (mY, row), True), transform=normalize)
+                copy_vectors(t, plan, ((sX, slot), (mY, row), True), transform=normalize)
         else:
             tYrY = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mY.element_type)
             tYrY.store((x * rstd * tWrW.load().to(Float32)).to(mY.element_type))
