@@ -297,10 +297,10 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
 # How each row length is served: one row of this table per range of row
 # sizes, tuned on the H200 against copy_ (benchmarks/NOTES.md has the
-# measurements and the alternatives). Longer vectors per thread mean fewer threads per row; "shared"
-# needs 16-byte vectors (cp.async.cg copies exactly 16 bytes), else X stays in
-# registers. How many rows a call has matters too, so the launcher picks one of
-# three plans at run time:
+# measurements and the alternatives). Longer vectors per thread mean fewer
+# threads per row; "shared" needs 16-byte vectors (cp.async.cg copies exactly
+# 16 bytes), else X stays in registers. How many rows a call has matters too,
+# so the launcher picks one of three plans at run time:
 #   few   at most FEW_TOKENS rows: about one row per SM, one DRAM round trip with
 #         nothing to overlap it, so the shortest chain wins: X in registers and
 #         W requested with it, few_tokens_vecs vectors per thread;
@@ -567,7 +567,8 @@ def rms_norm_kernel(
         row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta  # slot: the row's place in sX
         row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
         if cutlass.const_expr(plan.stage_x):
-            # Groups complete in order, so once at most the later rows' groups are pending, row i is in.
+            # cp.async groups complete in the order they were committed: once no more
+            # groups are pending than rows after this one, this row is in shared memory.
             cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
             if row_ok:
                 copy_vectors(t, plan, ((sX, slot), tXrX, True))
