@@ -8,7 +8,8 @@ What you will learn
   byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
   and stages mid-size rows in shared memory with ``cp.async``; every shape
   decision reaches it as one frozen ``KernelPlan``, a compile-time value, and
-  the launcher picks one of up to three plans from the token count at run time.
+  the launcher picks one of up to four plans from the token count at run time;
+  for a few long rows, a thread-block cluster shares each row.
 * How to compile it ahead of the first inference call with a ``@cute.jit``
   launcher whose token count is a runtime ``Int32`` and whose stream is the one
   TensorRT hands to ``enqueue``.
@@ -276,15 +277,17 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # share a row and thread t owns vectors t, t+T, t+2T, ... so neighbouring
 # threads touch neighbouring 16-byte chunks (coalesced). Short rows share a
 # CTA (rows_per_cta rows side by side); in the mid plan each CTA also takes
-# rows_in_sequence rows in turn. plan_kernel() picks the numbers for a call of
-# few, mid or many rows (ROW_PLANS below).
+# rows_in_sequence rows in turn, and in the cluster plan a row's T threads are
+# spread over cluster_ctas CTAs. plan_kernel() picks the numbers for a call of
+# so many rows (ROW_PLANS below).
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
 #      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   <- Step 1: load X (registers or smem), W
 #                 \    \        /     /    /       /
 #                  partial sum of x^2 per thread (FP32)      <- Step 2
 #                  \___ warp butterfly shuffle ___/          <- Step 3a
-#                   [warp 0][warp 1]...  shared memory       <- Step 3b (T > 32 only)
+#                   [warp 0][warp 1]...  shared memory       <- Step 3b (T > 32 only;
+#                                                                   over a cluster, in every CTA)
 #                          row total in every thread         <- Step 3c
 #                  rstd = rsqrt(total / H + epsilon)         <- Step 4
 #                  y = x * rstd * w, cast, 16-byte stores    <- Step 5
@@ -300,7 +303,12 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 # measurements and the alternatives). Longer vectors per thread mean fewer
 # threads per row; "shared" needs 16-byte vectors (cp.async.cg copies exactly
 # 16 bytes), else X stays in registers. How many rows a call has matters too,
-# so the launcher picks one of three plans at run time:
+# so the launcher picks one of up to four plans at run time (token_schedule()):
+#   cluster  at most cluster[0] rows (sm_90 and newer): too few rows to give
+#         every SM one, so one SM's load bandwidth would bound each row; a cluster
+#         of CLUSTER_CTAS CTAs on as many SMs splits every row (X in registers, W
+#         with it, cluster[1] vectors per thread) and adds the row's warp sums
+#         across the cluster;
 #   few   at most FEW_TOKENS rows: about one row per SM, one DRAM round trip with
 #         nothing to overlap it, so the shortest chain wins: X in registers and
 #         W requested with it, few_tokens_vecs vectors per thread;
@@ -318,6 +326,7 @@ class RowPlan:
     min_cta_threads: int   # short rows are packed side by side until a CTA has this many threads
     few_tokens_vecs: int = 0
     mid_tokens_vecs: int = 0
+    cluster: tuple = (0, 0)  # (at most this many rows, vectors per thread) for the cluster plan
 
 
 ROW_PLANS = (
@@ -327,15 +336,16 @@ ROW_PLANS = (
     RowPlan(4096, "registers", 2, True, 128),          # tuned
     RowPlan(8192, "shared", 2, True, 128, 2, 2),       # tuned: bandwidth-bound rows from here on
     RowPlan(15360, "shared", 4, True, 128, 4, 4),      # tuned
-    RowPlan(16384, "registers", 4, True, 128, 0, 4),   # tuned: staged 16 KB rows ran slower, but for mid counts
-    RowPlan(20480, "shared", 4, False, 128, 4, 4),     # tuned: long rows hold no W registers through the reduction
-    RowPlan(32767, "shared", 8, False, 128, 4, 4),     # tuned
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4),  # tuned: a staged 32 KB row leaves too few rows per SM
+    RowPlan(16384, "registers", 4, True, 128, 0, 4, (32, 4)),  # tuned: staged 16 KB rows ran slower, but mid
+    RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),    # tuned: long rows hold no W registers through Step 3
+    RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),    # tuned
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: staged 32 KB rows: too few per SM
 )
 # MAX_HIDDEN (top of the file) is the longest row the last plan holds:
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements. An fp32 row as long takes
 # twice the vectors per thread and still stays in registers without spills
 # (tests/test_kernel_compile.py checks both).
+CLUSTER_CTAS = 4          # tuned: CTAs, on as many SMs, that share one row in the cluster plan
 FEW_TOKENS = 128          # tuned: calls of at most this many rows run the few-token plan
 MID_TOKENS = (384, 1024)  # tuned: calls of more than the first and at most the second run the mid plan
 ROWS_IN_SEQUENCE = 2      # rows each CTA of the mid plan normalizes in turn
@@ -355,10 +365,14 @@ class KernelPlan:
                           # row then holds no W registers through the reduction)
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
     rows_in_sequence: int = 1  # rows each row slot of a CTA normalizes one after another (staged plans only)
+    cluster_ctas: int = 1      # CTAs one row is split over, a thread-block cluster (sm_90+); threads_per_row counts all
 
     def __post_init__(self):
         if self.rows_in_sequence > 1 and not self.stage_x:
             raise ValueError("rows in sequence overlap only through cp.async: the plan must stage X")
+        if self.cluster_ctas > 1 and (self.stage_x or self.rows_per_cta > 1
+                                      or self.threads_per_row % (WARP_THREADS * self.cluster_ctas)):
+            raise ValueError("a row split over a cluster keeps X in registers, one row per CTA, whole warps per CTA")
 
     @property
     def num_vecs(self) -> int:
@@ -375,7 +389,7 @@ class KernelPlan:
 
     @property
     def cta_threads(self) -> int:
-        return self.threads_per_row * self.rows_per_cta
+        return self.threads_per_row * self.rows_per_cta // self.cluster_ctas
 
     @property
     def cta_rows(self) -> int:
@@ -390,21 +404,23 @@ class KernelPlan:
 
     def grid(self, num_tokens):
         """CTAs for num_tokens rows; works on ints, on the launcher's Int32 and on TensorRT's symbolic sizes."""
-        return (num_tokens + self.cta_rows - 1) // self.cta_rows
+        return (num_tokens + self.cta_rows - 1) // self.cta_rows * self.cluster_ctas
 
     @property
     def shared_memory_bytes(self) -> int:
         """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
-        rows (if any), then one FP32 sum per warp of each row (if a row spans warps)."""
+        rows (if any), one FP32 sum per warp of each row (if a row spans warps), and
+        over a cluster the 8-byte mbarrier that counts the sums arriving."""
         staged = self.cta_rows * self.hidden * self.elem_bytes if self.stage_x else 0
         sums = 4 * self.warps_per_row * self.rows_per_cta * self.sum_buffers
-        return staged + (sums if self.warps_per_row > 1 else 0)
+        return staged + (sums if self.warps_per_row > 1 else 0) + (8 if self.cluster_ctas > 1 else 0)
 
     def __str__(self) -> str:
         """A short tag: CuteDSL names the kernel after its compile-time arguments' str() and cuts the name at
         180 characters, where the dataclass's long repr would push epsilon out of it."""
         weight = "early" if self.early_weight else "late"
         sequence = f"q{self.rows_in_sequence}" if self.rows_in_sequence > 1 else ""
+        sequence += f"c{self.cluster_ctas}" if self.cluster_ctas > 1 else ""
         return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}{sequence}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
 
@@ -418,25 +434,35 @@ class KernelPlan:
         rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
         if self.rows_in_sequence > 1:
             rows = f"{self.cta_rows} rows/CTA in turn"
+        if self.cluster_ctas > 1:
+            rows = f"each row over a cluster of {self.cluster_ctas} CTAs"
         return (f"kernel: vector {self.vec} x {self.elem_bytes * 8}-bit, {self.threads_per_row} threads/row "
                 f"x {self.vecs_per_thread} vectors, {rows}, {where}")
 
 
-def threads_for(num_vecs: int, vecs_per_thread: int) -> int:
-    """Threads that share a row: enough for vecs_per_thread vectors each, in whole warps.
+def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
+    """Threads that share a row: enough for vecs_per_thread vectors each, in whole warps (per CTA, when ``ctas``
+    CTAs of a cluster share the row).
 
     A multiple of 32, not a power of two: a row of 192 vectors at 2 per thread
     gets 96 threads, all busy, where rounding up to 128 would leave a quarter
     of them half idle. Rows shorter than a warp use a power of two, so that the
     butterfly shuffle of Step 3a stays inside the row.
     """
-    threads = math.ceil(num_vecs / vecs_per_thread)
-    if threads <= WARP_THREADS:
+    threads, step = math.ceil(num_vecs / vecs_per_thread), WARP_THREADS * ctas
+    if threads <= WARP_THREADS and ctas == 1:
         return 1 << math.ceil(math.log2(threads))
-    return min(WARP_THREADS * math.ceil(threads / WARP_THREADS), MAX_CTA_THREADS)
+    return min(step * math.ceil(threads / step), MAX_CTA_THREADS * ctas)
 
 
-def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None) -> KernelPlan:
+def row_plan(hidden: int, elem_bytes: int) -> RowPlan:
+    """The line of ROW_PLANS that serves a row of ``hidden`` elements of ``elem_bytes`` bytes."""
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
+    return next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
+
+
+def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None, clusters: bool = True) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
     The row's size in bytes picks a line of ROW_PLANS: short rows are
@@ -444,30 +470,51 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None)
     and stage X in shared memory, where cp.async holds no register while the
     bytes arrive, so more rows fit on an SM (the table says which do not).
     ``num_tokens`` gives the plan the launcher runs for a call of that many rows
-    (None: the plan for many rows). A few- or mid-token plan needs at most 512
+    (None: the plan for many rows); ``clusters=False`` (GPUs before sm_90) leaves
+    the cluster plan out. A cluster, few- or mid-token plan needs at most 512
     threads per row, else the many-row plan serves every count.
     """
-    if not 1 <= hidden <= MAX_HIDDEN:
-        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
+    row = row_plan(hidden, elem_bytes)
     vec = VECTOR_BYTES // elem_bytes
     while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
         vec //= 2
     num_vecs = hidden // vec
-    row = next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
     can_stage = vec * elem_bytes == VECTOR_BYTES
-    x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
-    few = num_tokens is not None and num_tokens <= FEW_TOKENS
-    mid = num_tokens is not None and MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and can_stage
-    count_vecs = row.few_tokens_vecs if few else row.mid_tokens_vecs if mid else 0
-    # Both hold W's registers next to X's through the reduction; at 1024 threads per row (64 registers each)
+    x_in, vecs, early_weight, in_sequence, ctas = row.x_in, row.vecs_per_thread, row.early_weight, 1, 1
+    # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
+    by_count = ("registers", 0, 1, 1)
+    if num_tokens is None:
+        pass
+    elif clusters and num_tokens <= row.cluster[0]:
+        by_count = ("registers", row.cluster[1], 1, CLUSTER_CTAS)
+    elif num_tokens <= FEW_TOKENS:
+        by_count = ("registers", row.few_tokens_vecs, 1, 1)
+    elif MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and can_stage:
+        by_count = ("shared", row.mid_tokens_vecs, ROWS_IN_SEQUENCE, 1)
+    # Each holds W's registers next to X's through the reduction; at 1024 threads per CTA (64 registers each)
     # that would spill, and the mid plan would stage two rows of up to 128 KB each.
-    if count_vecs and math.ceil(num_vecs / count_vecs) <= MAX_CTA_THREADS // 2:
-        x_in, vecs, early_weight = ("registers" if few else "shared"), count_vecs, True
-        in_sequence = ROWS_IN_SEQUENCE if mid else 1
-    threads = threads_for(num_vecs, vecs)
-    return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads),
+    if by_count[1] and math.ceil(num_vecs / by_count[1]) <= MAX_CTA_THREADS // 2 * by_count[3]:
+        x_in, vecs, in_sequence, ctas = by_count
+        early_weight = True
+    threads = threads_for(num_vecs, vecs, ctas)
+    return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
-                      stage_x=x_in == "shared" and can_stage, rows_in_sequence=in_sequence)
+                      stage_x=x_in == "shared" and can_stage, rows_in_sequence=in_sequence, cluster_ctas=ctas)
+
+
+def token_schedule(hidden: int, elem_bytes: int = 2, clusters: bool = True) -> tuple:
+    """The launcher's table: ((plan, ((fewer, most), ...)), ...), each distinct plan with the token counts it
+    serves, more than ``fewer`` and at most ``most`` rows (None: no bound)."""
+    cluster_tokens = row_plan(hidden, elem_bytes).cluster[0] if clusters else 0
+    bounds = sorted({FEW_TOKENS, *MID_TOKENS, cluster_tokens} - {0})
+    ranges = list(zip([None] + bounds, bounds + [None]))
+    schedule: dict = {}
+    for fewer, most in ranges:
+        counts = schedule.setdefault(plan_kernel(hidden, elem_bytes, most, clusters), [])
+        if counts and counts[-1][1] == fewer:  # one range where two meet
+            fewer = counts.pop()[0]
+        counts.append((fewer, most))
+    return tuple((plan, tuple(counts)) for plan, counts in schedule.items())
 
 
 def vector_of(view, k: int, j):
@@ -529,6 +576,11 @@ def rms_norm_kernel(
 
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
+    if cutlass.const_expr(plan.cluster_ctas > 1):
+        # A row over a cluster: its CTAs are consecutive in the grid, and CTA c
+        # holds the row's threads c * cta_threads, c * cta_threads + 1, ...
+        lead = tidx == 0  # this CTA's first thread: it sets up the CTA's mbarrier
+        tidx, bidx = tidx + bidx % plan.cluster_ctas * plan.cta_threads, bidx // plan.cluster_ctas
     row_in_cta, t = tidx // plan.threads_per_row, tidx % plan.threads_per_row
     first_row = bidx * plan.cta_rows + row_in_cta  # the slot's rows: first_row + i * rows_per_cta
     smem = cutlass.memory.SmemAllocator()
@@ -562,6 +614,15 @@ def rms_norm_kernel(
     if cutlass.const_expr(plan.warps_per_row > 1):
         sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta,
                                                                plan.sum_buffers)), 16)
+    if cutlass.const_expr(plan.cluster_ctas > 1):
+        # Step 3b will write this CTA's warp sums into every CTA of the cluster; an
+        # mbarrier counts the bytes arriving here. Each CTA sets up its barrier and
+        # announces itself now; Step 3b waits until all have, after the loads.
+        sums_in = smem.allocate_array(cutlass.Int64, 1)
+        if lead:
+            cute.arch.mbarrier_init(sums_in, 1)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.cluster_arrive_relaxed()
 
     for i in cutlass.range_constexpr(plan.rows_in_sequence):  # one row per slot, unless the plan says otherwise
         row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta  # slot: the row's place in sX
@@ -589,9 +650,20 @@ def rms_norm_kernel(
         total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
         if cutlass.const_expr(plan.warps_per_row > 1):
             # Step 3b: a row spans several warps; lane 0 of each parks its sum in shared memory.
-            if t % WARP_THREADS == 0:
-                sSum[t // WARP_THREADS, row_in_cta, i % plan.sum_buffers] = total
-            cute.arch.barrier()
+            if cutlass.const_expr(plan.cluster_ctas > 1):
+                # Over a cluster, lane c of each warp sends the sum to CTA c's shared memory
+                # (st.async), and every CTA waits until its mbarrier has counted all the row's sums.
+                cute.arch.cluster_wait()
+                if lead:
+                    cute.arch.mbarrier_arrive_and_expect_tx(sums_in, 4 * plan.warps_per_row)
+                if t % WARP_THREADS < plan.cluster_ctas:
+                    mine = sSum.iterator + cute.crd2idx((t // WARP_THREADS, row_in_cta, 0), sSum.layout)
+                    cute.arch.store_async_dsmem(mine, total.bitcast(Int32), sums_in, t % WARP_THREADS)
+                cute.arch.mbarrier_wait(sums_in, 0)
+            else:
+                if t % WARP_THREADS == 0:
+                    sSum[t // WARP_THREADS, row_in_cta, i % plan.sum_buffers] = total
+                cute.arch.barrier()
             # Step 3c: every thread adds the row's warp sums (a few smem reads, no second barrier).
             total = Float32(0.0)
             for w in cutlass.range_constexpr(plan.warps_per_row):
@@ -630,31 +702,34 @@ def rms_norm_kernel(
 
 # %% [3] The @cute.jit launcher -------------------------------------------------
 #
-# Baked in at compile time: the X/Y and W dtypes, the three plans (hidden size,
-# vector width, threads per row, rows per CTA, registers or shared memory; for
-# few, mid and many rows, see ROW_PLANS), epsilon, and the 16-byte alignment of
-# the three base pointers. Runtime arguments: the three addresses, num_tokens
-# and the stream. The launcher picks the plan from num_tokens on the host, so one
-# compiled launcher serves every token count of the optimization profile. A plan
-# that serves two ranges of counts is launched from one place, so its kernel is
-# compiled once.
+# Baked in at compile time: the X/Y and W dtypes, the plans and the token
+# counts each serves (token_schedule(): hidden size, vector width, threads per
+# row, rows per CTA, registers or shared memory, cluster; see ROW_PLANS),
+# epsilon, and the 16-byte alignment of the three base pointers. Runtime
+# arguments: the three addresses, num_tokens and the stream. The launcher
+# picks the plan from num_tokens on the host, so one compiled launcher serves
+# every token count of the optimization profile. CuteDSL compiles a kernel
+# once per launch site, so each distinct plan is launched from one place, for
+# every range of counts it serves.
 
 
 def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
-    """Launch rms_norm_kernel with one plan: a CTA of plan.cta_threads threads per plan.rows_per_cta rows."""
+    """Launch rms_norm_kernel with one plan: plan.grid() CTAs of plan.cta_threads threads, in clusters of
+    plan.cluster_ctas where a row is split over several CTAs."""
+    cluster = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
     rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
-        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1], stream=stream)
+        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1], stream=stream, **cluster)
 
 
-@cute.jit
-def launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon):
-    """Launch the few-token plan for at most FEW_TOKENS rows, else the many-token plan."""
-    if cutlass.const_expr(few == many):
-        launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
-    elif num_tokens <= FEW_TOKENS:
-        launch_kernel(few, mX, mW, mY, num_tokens, stream, epsilon)
-    else:
-        launch_kernel(many, mX, mW, mY, num_tokens, stream, epsilon)
+def serves(num_tokens, counts):
+    """Whether num_tokens is in one of the ranges (fewer, most] of counts (None: no bound), as a runtime Boolean."""
+    hit = None
+    for fewer, most in counts:
+        above = num_tokens > fewer if fewer is not None else None
+        below = num_tokens <= most if most is not None else None
+        term = above if below is None else below if above is None else above & below
+        hit = term if hit is None else hit | term
+    return hit
 
 
 @cute.jit
@@ -664,16 +739,20 @@ def rms_norm_launch(
     mY: cute.Tensor,
     num_tokens: Int32,
     stream: cuda.CUstream,
-    plans: cutlass.Constexpr,  # (few, mid, many): the plans for calls of few, mid and many rows
+    schedule: cutlass.Constexpr,  # token_schedule(): ((plan, token counts it serves), ...)
     epsilon: cutlass.Constexpr,
 ):
-    few, mid, many = plans
-    if cutlass.const_expr(mid == many):
-        launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon)
-    elif num_tokens > MID_TOKENS[0] and num_tokens <= MID_TOKENS[1]:
-        launch_kernel(mid, mX, mW, mY, num_tokens, stream, epsilon)
-    else:
-        launch_few_or_many(few, many, mX, mW, mY, num_tokens, stream, epsilon)
+    for p in cutlass.range_constexpr(len(schedule)):
+        plan, counts = schedule[p]
+        if cutlass.const_expr(len(schedule) == 1):
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
+        elif serves(num_tokens, counts):
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
+
+
+def has_clusters(arch: str) -> bool:
+    """Whether a compile target such as "sm_90a" has thread-block clusters (sm_90 and newer)."""
+    return int(arch.removeprefix("sm_").rstrip("af")) >= 90
 
 
 def gpu_arch() -> str:
@@ -692,7 +771,8 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
 
     The cache key is exactly what the compiled code bakes in: both dtypes, hidden,
     epsilon (as the float32 the kernel uses), the GPU architecture and whether the
-    few- and mid-token plans are in. ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU;
+    plans by token count are in (the cluster plan only where ``arch`` has clusters).
+    ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU;
     ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache and
     returns a fresh compilation whose ``__ptx__`` holds the PTX text (one kernel
     per distinct plan). ``plans_by_tokens=False`` compiles the many-row plan
@@ -703,10 +783,10 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     if w_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"w_dtype must be one of {list(WEIGHT_DTYPES)}, got {w_dtype!r}")
     many = plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
-    plans = (plan_kernel(hidden, DTYPES[dtype].bytes, 1), plan_kernel(hidden, DTYPES[dtype].bytes, MID_TOKENS[1]),
-             many) if plans_by_tokens else (many,) * 3
     epsilon = validate_epsilon(epsilon)
     arch = arch or gpu_arch()
+    schedule = (token_schedule(hidden, DTYPES[dtype].bytes, clusters=has_clusters(arch)) if plans_by_tokens
+                else ((many, ((None, None),)),))
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
@@ -716,7 +796,8 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
             fake_x = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
             fake_y = fake(elem, (tokens, hidden), stride_order=(1, 0), assumed_align=VECTOR_BYTES)
             fake_w = fake(getattr(cutlass, DTYPES[w_dtype].cute), (hidden,), assumed_align=VECTOR_BYTES)
-            args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), plans, epsilon)
+            args = (rms_norm_launch, fake_x, fake_w, fake_y, Int32(1), cute.runtime.make_fake_stream(), schedule,
+                    epsilon)
             if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
                 with tempfile.TemporaryDirectory() as dump_dir:
                     return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
@@ -1360,8 +1441,8 @@ def token_counts(args) -> list:
     return list(dict.fromkeys(c for c in candidates if c >= args.min_tokens))
 
 
-def check_environment():
-    """Raise UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
+def check_environment() -> str:
+    """Raise UsageError unless a usable GPU, TensorRT and Polygraphy are present; return the GPU's compile target."""
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU of compute capability 8.0 or newer")
     major, minor = torch.cuda.get_device_capability()
@@ -1376,6 +1457,7 @@ def check_environment():
         import polygraphy.backend.trt  # noqa: F401
     except ImportError as exc:
         raise UsageError(import_error_message(exc)) from None
+    return gpu_arch()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -1397,7 +1479,7 @@ def main(args: argparse.Namespace) -> int:
         record = engine_record(args, source, f"{PLUGIN_NAME} v{PLUGIN_VERSION}")
         if reuse:
             check_saved_engine(args.engine, record)
-        check_environment()
+        arch = check_environment()
         if reuse:
             with tensorrt_stage("engine load"):
                 engine = load_engine(args.engine)
@@ -1414,11 +1496,10 @@ def main(args: argparse.Namespace) -> int:
         counts = token_counts(args)  # all through one execution context
         print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-        elem_bytes = DTYPES[args.dtype].bytes
-        many, few = plan_kernel(args.hidden_dim, elem_bytes), plan_kernel(args.hidden_dim, elem_bytes, 1)
-        mid = plan_kernel(args.hidden_dim, elem_bytes, MID_TOKENS[1])
-        print(many.describe() + (f"\n  up to {FEW_TOKENS} tokens: {few.describe()}" if few != many else "")
-              + (f"\n  {MID_TOKENS[0] + 1}-{MID_TOKENS[1]} tokens: {mid.describe()}" if mid != many else ""))
+        schedule = token_schedule(args.hidden_dim, DTYPES[args.dtype].bytes, has_clusters(arch))
+        for plan, counts in schedule:  # the plan the kernel was compiled with, for each range of token counts
+            spans = ", ".join(f"{(fewer or 0) + 1}-{most or ''}" for fewer, most in counts)
+            print(plan.describe() if len(schedule) == 1 else f"{spans} tokens: {plan.describe()}")
         with tensorrt_stage("execution context"):
             correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
                                     args.weight_dtype)

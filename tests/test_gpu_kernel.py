@@ -7,10 +7,11 @@ import rms_norm_plugin_cutedsl as sample
 
 pytestmark = pytest.mark.gpu
 
-# Both sides of each boundary between token plans (FEW_TOKENS 128, MID_TOKENS 384-1024); odd counts leave the
-# mid plan's last CTA a spare second row.
-TOKENS = [1, 2, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]
-HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 12288, 16384]  # 2056-6144: 16-bit X staged
+# Both sides of each boundary between token plans (cluster plans up to 32 or 128, FEW_TOKENS 128, MID_TOKENS
+# 384-1024); odd counts leave the mid plan's last CTA a spare second row.
+TOKENS = [1, 2, 32, 33, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]
+# 2056-6144: 16-bit X staged; 9216: a ragged cluster plan (576 threads' worth of vectors over 640)
+HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 9216, 10240, 12288, 16384]
 # Every X x W combination; Y has X's dtype.
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
 
@@ -50,14 +51,16 @@ def test_every_dtype_combination_matches_numpy(tokens, hidden, dtype, w_dtype):
                                             ("float32", "bfloat16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
 def test_largest_supported_hidden(tokens, dtype, w_dtype):
-    """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction (fp32 X: 8 vectors per thread)."""
+    """MAX_HIDDEN (32768): 1024 threads per row, W loaded after the reduction (fp32 X: 8 vectors per thread);
+    16-bit X at 1 and 37 rows: the cluster plan, 256 threads per CTA."""
     _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens)
 
 
 @pytest.mark.parametrize("hidden", [1536, 4096, 8192, 12288, 16384])
 def test_launcher_runs_the_plan_for_the_token_count(hidden):
-    """The kernel that runs, by its name (which carries its plan), on both sides of every boundary: few-token plan
-    up to FEW_TOKENS rows, mid plan above MID_TOKENS[0] and up to MID_TOKENS[1], the many-token plan otherwise."""
+    """The kernel that runs, by its name (which carries its plan), on both sides of every boundary: the cluster
+    plan up to the line's count (32, or 128 for 32 KB rows), the few-token plan up to FEW_TOKENS rows, the mid
+    plan above MID_TOKENS[0] and up to MID_TOKENS[1], the many-token plan otherwise."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -74,12 +77,10 @@ def test_launcher_runs_the_plan_for_the_token_count(hidden):
             pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
         return names
 
-    few, many = sample.plan_kernel(hidden, 2, 1), sample.plan_kernel(hidden, 2)
-    mid = sample.plan_kernel(hidden, 2, 512)
     lo, hi = sample.MID_TOKENS
-    expected = {1: few, sample.FEW_TOKENS: few, sample.FEW_TOKENS + 1: many, lo: many, lo + 1: mid, hi: mid,
-                hi + 1: many}
-    assert len({few, mid, many}) >= 2
+    counts = [1, 32, 33, sample.FEW_TOKENS, sample.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
+    expected = {n: sample.plan_kernel(hidden, 2, n, clusters=sample.has_clusters(sample.gpu_arch())) for n in counts}
+    assert len(set(expected.values())) >= 2
     for tokens, plan in expected.items():
         assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)
 

@@ -27,8 +27,9 @@ def ptx_of(dtype, hidden, arch, w_dtype="float32", plans_by_tokens=False):
 
 
 def plans_of(hidden, elem_bytes=2):
-    """The distinct plans the launcher holds: for 1 row (few), for MID_TOKENS rows (mid) and for many."""
-    return {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, sample.MID_TOKENS[1], None)}
+    """The distinct plans the launcher holds on sm_90a: for 1 row (cluster or few), for FEW_TOKENS rows (few,
+    or the cluster plan where it serves up to 128 rows), for MID_TOKENS rows (mid) and for many."""
+    return {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, sample.FEW_TOKENS, sample.MID_TOKENS[1], None)}
 
 
 def entries(ptx):
@@ -263,8 +264,9 @@ FEW_TOKEN_PLANS = [
 
 @pytest.mark.parametrize("hidden, elem_bytes, few", FEW_TOKEN_PLANS)
 def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
+    """The few-token plan, as GPUs without clusters run it for every count up to FEW_TOKENS."""
     many = sample.plan_kernel(hidden, elem_bytes)
-    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, 37, sample.FEW_TOKENS)}
+    plans = {sample.plan_kernel(hidden, elem_bytes, n, clusters=False) for n in (1, 37, sample.FEW_TOKENS)}
     assert len(plans) == 1
     (plan,) = plans
     if few is None:
@@ -308,17 +310,109 @@ def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes
     assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
 
 
-@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 2), (12288, 3), (16384, 3),
-                                             (sample.MAX_HIDDEN, 1)])
+@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 3), (12288, 4), (16384, 3),
+                                             (sample.MAX_HIDDEN, 2)])
 def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
     """Every plan's kernel is in the launcher's module once, named by its plan (the 16 KB line's few-token plan
-    is its many-token plan, which the launcher reaches for two ranges of counts); without the plans by token
-    count (the AOT flavor's case) there is exactly one, the many-token plan's."""
+    is its many-token plan, which the launcher reaches for two ranges of counts; 32 KB rows and longer run the
+    cluster plan for every few-token count); without the plans by token count (the AOT flavor's case) there is
+    exactly one, the many-token plan's."""
     names = list(entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)))
     assert len(names) == kernels == len(plans_of(hidden))
     assert all(sum(f"_{plan}_" in name for name in names) == 1 for plan in plans_of(hidden))
     (alone,) = entries(ptx_of("float16", hidden, "sm_90a"))
     assert f"_{sample.plan_kernel(hidden)}_" in alone
+
+
+# (hidden, bytes per element) -> (most rows, threads per row, vectors per thread) of the cluster plan, written
+# from ROW_PLANS' cluster column (threads in whole warps per CTA: multiples of 32 x CLUSTER_CTAS = 128); None
+# where the line has none.
+CLUSTER_PLANS = [
+    (1024, 2, None),
+    (4096, 2, None),             # 8 KB line
+    (5120, 2, None),             # 15 KB line
+    (8192, 2, (32, 256, 4)),     # 16 KB line: 1024 vectors at 4 per thread
+    (9216, 2, (32, 640, 2)),     # 20 KB line: 1152 vectors at 2 -> 576 threads, 5 x 128 -> ragged
+    (10240, 2, (32, 640, 2)),    # 1280 vectors at 2
+    (12288, 2, (32, 384, 4)),    # 32 KB line (exclusive): 1536 vectors at 4
+    (16384, 2, (128, 512, 4)),   # last line: 2048 vectors at 4, every few-token count
+    (32768, 2, (128, 1024, 4)),  # 256 threads per CTA
+    (4096, 4, (32, 256, 4)),     # fp32 X: 16 KB rows
+    (16384, 4, (128, 1024, 4)),  # fp32 X: 64 KB rows
+]
+
+
+@pytest.mark.parametrize("hidden, elem_bytes, cluster", CLUSTER_PLANS)
+def test_few_rows_of_16_kb_and_more_are_split_over_a_cluster(hidden, elem_bytes, cluster):
+    """Up to the line's count, CLUSTER_CTAS CTAs share each row, X in registers, W first; one more row, or a GPU
+    without clusters, and the plan has no cluster."""
+    assert sample.CLUSTER_CTAS == 4
+    if cluster is None:
+        assert all(sample.plan_kernel(hidden, elem_bytes, n).cluster_ctas == 1 for n in (1, 32, 128))
+        return
+    most, threads, vecs = cluster
+    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, most)}
+    assert len(plans) == 1
+    (plan,) = plans
+    assert (plan.cluster_ctas, plan.threads_per_row, plan.vecs_per_thread) == (4, threads, vecs)
+    assert plan.cta_threads == threads // 4 and plan.rows_per_cta == 1
+    assert not plan.stage_x and plan.early_weight
+    assert [plan.grid(n) for n in (1, 7, most)] == [4, 28, 4 * most]
+    assert plan.shared_memory_bytes == 4 * threads // 32 + 8  # every warp's sum of the row, and the mbarrier
+    assert sample.plan_kernel(hidden, elem_bytes, most + 1).cluster_ctas == 1
+    assert sample.plan_kernel(hidden, elem_bytes, 1, clusters=False).cluster_ctas == 1
+
+
+def test_a_cluster_needs_registers_one_row_per_cta_and_whole_warps_per_cta():
+    with pytest.raises(ValueError, match="cluster"):
+        sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=True, cluster_ctas=4)
+    with pytest.raises(ValueError, match="cluster"):
+        sample.KernelPlan(8192, 2, 8, 320, 1, 4, early_weight=True, stage_x=False, cluster_ctas=4)
+
+
+def test_the_schedule_gives_every_token_count_one_plan():
+    """token_schedule's ranges tile the counts from 1 up, without overlap, each to the plan plan_kernel gives."""
+    for hidden, elem_bytes in [(1024, 2), (1536, 2), (4096, 2), (8192, 2), (12288, 2), (16384, 2), (16384, 4)]:
+        for clusters in (True, False):
+            schedule = sample.token_schedule(hidden, elem_bytes, clusters)
+            for n in [1, 2, 31, 32, 33, 127, 128, 129, 384, 385, 1024, 1025, 5000]:
+                hits = [plan for plan, counts in schedule
+                        for fewer, most in counts if (fewer is None or n > fewer) and (most is None or n <= most)]
+                assert hits == [sample.plan_kernel(hidden, elem_bytes, n, clusters)], (hidden, n, clusters)
+
+
+def test_compile_targets_before_sm_90_get_no_cluster():
+    assert [sample.has_clusters(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120f")] \
+        == [False, False, False, True, True, True, True]
+    names = list(entries(ptx_of("float16", 16384, "sm_80", plans_by_tokens=True)))
+    assert not any("c4k" in name for name in names) and len(names) == 3
+
+
+@pytest.mark.parametrize("hidden", [8192, 16384])
+def test_the_cluster_plan_adds_the_warp_sums_across_the_cluster(hidden):
+    """The cluster kernel's PTX: the CTA's mbarrier is set up and fenced for the cluster before the relaxed
+    arrive, which comes before X's loads; the cluster wait comes after them; then each warp sends its sum
+    (st.async into a peer's shared memory, counted by the peer's mbarrier) and waits on its own mbarrier; no
+    CTA barrier, and every store after the wait."""
+    plan = sample.plan_kernel(hidden, 2, 1)
+    (ptx,) = (text for name, text in entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)).items()
+              if f"_{plan}_" in name)
+
+    def at(pattern):
+        found = [m.start() for m in re.finditer(pattern, ptx)]
+        assert found, pattern
+        return found
+
+    (init,), (fence,), (arrive,), (wait,) = (at(r"mbarrier\.init\."), at(r"fence\.mbarrier_init\.release\.cluster;"),
+                                            at(r"barrier\.cluster\.arrive\.relaxed;"), at(r"barrier\.cluster\.wait;"))
+    loads, stores = at(r"ld\.global\.v4\.b32"), at(r"st\.global\.v4\.b32")
+    sends = at(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.b32")
+    (expect,), waits = at(r"mbarrier\.arrive\.expect_tx"), at(r"mbarrier\.try_wait")
+    # per vector of the thread: one 16-byte load of X, two of W (8 fp32 values), one store of Y
+    assert len(loads) == 3 * plan.vecs_per_thread and len(stores) == plan.vecs_per_thread and len(sends) == 1
+    assert init < fence < arrive < min(loads) and max(loads) < wait < expect < sends[0] < min(waits)
+    assert max(waits) < min(stores)
+    assert "bar.sync" not in ptx and "barrier.sync" not in ptx
 
 
 @pytest.mark.parametrize("hidden", [4096, 12288])
@@ -427,6 +521,11 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
 def test_the_mid_plan_describes_its_rows_in_turn():
     assert sample.plan_kernel(8192, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 4 vectors, "
                                                           "2 rows/CTA in turn, X staged in shared memory")
+
+
+def test_the_cluster_plan_describes_its_split():
+    assert sample.plan_kernel(16384, 2, 1).describe() == ("kernel: vector 8 x 16-bit, 512 threads/row x 4 vectors, "
+                                                         "each row over a cluster of 4 CTAs, X in registers")
 
 
 def test_dtype_table_names_the_same_type_in_every_library():

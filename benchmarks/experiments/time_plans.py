@@ -8,6 +8,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
     s  X staged in shared memory (needs 16-byte vectors),   l  W loaded after the reduction,
     rR R rows per CTA (default: enough rows for 128 threads),
     qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized once it is in),
+    cC each row split over a cluster of C CTAs of T / C threads (X in registers, one row per CTA),
     mM ask ptxas for at least M CTAs per SM (a launch bound: it caps the registers per thread).
 
     python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2 [--rounds 5]
@@ -38,15 +39,15 @@ from cutlass import Float32, Int32  # noqa: E402
 
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
 
-SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:q(\d+))?(?:m(\d+))?$")
+SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d+))?$")
 
 
 def parse_plan(spec: str, hidden: int, elem_bytes: int):
     """(KernelPlan, min CTAs per SM or 0) for a spec such as t160k4sl; ValueError if it cannot cover the row."""
     match = SPEC.match(spec)
     if not match:
-        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][qQ][mM]")
-    threads, vecs, staged, late, rows, sequence, min_ctas = match.groups()
+        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][qQ][cC][mM]")
+    threads, vecs, staged, late, rows, sequence, cluster, min_ctas = match.groups()
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
     if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
@@ -57,9 +58,10 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
         raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives {own.vec * elem_bytes}-byte vectors")
     if sequence and not staged:
         raise ValueError(f"plan {spec!r} puts rows in sequence, which needs s (X staged)")
-    rows = int(rows) if rows else max(1, 128 // threads)
+    rows = int(rows) if rows else 1 if cluster else max(1, 128 // threads)
     plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
-                             stage_x=bool(staged), rows_in_sequence=int(sequence or 1))
+                             stage_x=bool(staged), rows_in_sequence=int(sequence or 1),
+                             cluster_ctas=int(cluster or 1))
     return plan, int(min_ctas or 0)
 
 
@@ -68,9 +70,10 @@ def bounded_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens
                    plan: cutlass.Constexpr, epsilon: cutlass.Constexpr, min_ctas: cutlass.Constexpr):
     """rms_norm_launch with a launch bound. The explicit carveout (-1: the driver's default) keeps CuteDSL
     from asking a GPU for its shared memory size when min_ctas > 1, so this compiles without one."""
+    cluster = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
     sample.rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
         grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1],
-        stream=stream, min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1)
+        stream=stream, min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1, **cluster)
 
 
 def compile_plan(dtype: str, plan, min_ctas: int, arch: str, keep_ptx: bool = False):
@@ -123,7 +126,7 @@ def time_shapes(args):
     from bench_records import interleaved_rounds
     from bench_rms_norm import graph_timer, out_of_tolerance
 
-    arch = sample.gpu_arch()
+    arch, compiled = sample.gpu_arch(), {}
     print(f"| dtype | tokens x hidden | plan | us | / copy_ | / own plan (median of {args.rounds} rounds) |")
     print("|---|---|---|---|---|---|")
     for dtype in args.dtypes:
@@ -137,7 +140,9 @@ def time_shapes(args):
             plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
             for spec in args.plans:
                 plan, min_ctas = parse_plan(spec, hidden, names.bytes)
-                calls[spec], plans[spec] = compile_plan(dtype, plan, min_ctas, arch), str(plan)
+                if (dtype, plan, min_ctas) not in compiled:  # one compilation serves every token count
+                    compiled[dtype, plan, min_ctas] = compile_plan(dtype, plan, min_ctas, arch)
+                calls[spec], plans[spec] = compiled[dtype, plan, min_ctas], str(plan)
             timers, outputs = {}, {}
             for name, call in calls.items():
                 if name == "copy_":
