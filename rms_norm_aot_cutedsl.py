@@ -70,7 +70,8 @@ AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", 
 def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32"):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
 
-    The many-token plan alone: an AOT implementation gives TensorRT one kernel for every token count.
+    The many-token plan alone, without a cluster: an AOT implementation gives TensorRT one kernel for every
+    token count, launched with a grid and a block only.
     """
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
@@ -78,7 +79,7 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
                                   plans_by_tokens=False).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes)
+    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, clusters=False)
 
 
 def aot_launch_dims(plan, num_tokens):
@@ -244,7 +245,7 @@ def main(argv=None) -> int:
         counts = sample.token_counts(args)
         print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes).describe())
+        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, clusters=False).describe())
         with sample.tensorrt_stage("execution context"):
             correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
                                            args.weight_dtype)

@@ -316,7 +316,9 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #         which would all load at once and then all store at once; a CTA that
 #         stages two rows up front and normalizes them in turn stores the first
 #         while the second still arrives (W first, mid_tokens_vecs vectors per thread);
-#   many  any other count, and wherever the column is 0: the line's own plan.
+#   many  any other count, and wherever the column is 0: the line's own plan
+#         (over MID_TOKENS[1] rows split over cluster_ctas CTAs, where the line
+#         names more than one: smaller pieces of work even out the SMs' load).
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
@@ -327,6 +329,7 @@ class RowPlan:
     few_tokens_vecs: int = 0
     mid_tokens_vecs: int = 0
     cluster: tuple = (0, 0)  # (at most this many rows, vectors per thread) for the cluster plan
+    cluster_ctas: int = 1    # over MID_TOKENS[1] rows, the line's own plan splits each row over this many CTAs
 
 
 ROW_PLANS = (
@@ -336,7 +339,7 @@ ROW_PLANS = (
     RowPlan(4096, "registers", 2, True, 128),          # tuned
     RowPlan(8192, "shared", 2, True, 128, 2, 2),       # tuned: bandwidth-bound rows from here on
     RowPlan(15360, "shared", 4, True, 128, 4, 4),      # tuned
-    RowPlan(16384, "registers", 4, True, 128, 0, 4, (32, 4)),  # tuned: staged 16 KB rows ran slower, but mid
+    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged 16 KB rows ran slower, but mid
     RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),    # tuned: long rows hold no W registers through Step 3
     RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),    # tuned
     RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: staged 32 KB rows: too few per SM
@@ -480,7 +483,8 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
         vec //= 2
     num_vecs = hidden // vec
     can_stage = vec * elem_bytes == VECTOR_BYTES
-    x_in, vecs, early_weight, in_sequence, ctas = row.x_in, row.vecs_per_thread, row.early_weight, 1, 1
+    x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
+    ctas = row.cluster_ctas if clusters and (num_tokens is None or num_tokens > MID_TOKENS[1]) else 1
     # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
     by_count = ("registers", 0, 1, 1)
     if num_tokens is None:
@@ -776,17 +780,18 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache and
     returns a fresh compilation whose ``__ptx__`` holds the PTX text (one kernel
     per distinct plan). ``plans_by_tokens=False`` compiles the many-row plan
-    alone, for every token count: one kernel, as the AOT flavor needs.
+    alone and without a cluster, for every token count: one kernel with plain
+    launch dimensions, as the AOT flavor needs.
     """
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"dtype must be one of {list(ACTIVATION_DTYPES)}, got {dtype!r}")
     if w_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"w_dtype must be one of {list(WEIGHT_DTYPES)}, got {w_dtype!r}")
-    many = plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
+    plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
     epsilon = validate_epsilon(epsilon)
     arch = arch or gpu_arch()
     schedule = (token_schedule(hidden, DTYPES[dtype].bytes, clusters=has_clusters(arch)) if plans_by_tokens
-                else ((many, ((None, None),)),))
+                else ((plan_kernel(hidden, DTYPES[dtype].bytes, clusters=False), ((None, None),)),))
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:

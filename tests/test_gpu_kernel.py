@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 # Both sides of each boundary between token plans (cluster plans up to 32 or 128, FEW_TOKENS 128, MID_TOKENS
 # 384-1024); odd counts leave the mid plan's last CTA a spare second row.
-TOKENS = [1, 2, 32, 33, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]
+TOKENS = [1, 2, 32, 33, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]  # 16 KB rows: 2 CTAs from 1025
 # 2056-6144: 16-bit X staged; 9216: a ragged cluster plan (576 threads' worth of vectors over 640)
 HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 9216, 10240, 12288, 16384]
 # Every X x W combination; Y has X's dtype.

@@ -160,8 +160,8 @@ def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_v
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 8192, 16384])
 def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, elem_bytes):
     """What the AOT launch asks TensorRT for: hidden * element bytes per staged row, 4 per warp of a
-    multi-warp row."""
-    plan = sample.plan_kernel(hidden, elem_bytes)
+    multi-warp row (the AOT flavor's plan has no cluster)."""
+    plan = sample.plan_kernel(hidden, elem_bytes, clusters=False)
     rows = plan.rows_per_cta
     staged = rows * hidden * elem_bytes if plan.stage_x else 0
     warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
@@ -252,7 +252,7 @@ FEW_TOKEN_PLANS = [
     (2048, 2, None),         # <= 4 KB: already registers, W first
     (4096, 2, (256, 2)),     # many tokens: staged
     (5120, 2, (160, 4)),     # many tokens: staged
-    (8192, 2, None),         # 16 KB: already registers, W first
+    (8192, 2, (256, 4)),     # 16 KB: many tokens: the same split over a cluster of 2 CTAs
     (10240, 2, (320, 4)),    # many tokens: staged, W late
     (12288, 2, (384, 4)),    # many tokens: 192 threads x 8 vectors staged, W late
     (16384, 2, (512, 4)),    # many tokens: registers, W late
@@ -299,7 +299,7 @@ MID_TOKEN_PLANS = [
 def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes, mid):
     many = sample.plan_kernel(hidden, elem_bytes)
     lo, hi = sample.MID_TOKENS
-    assert {sample.plan_kernel(hidden, elem_bytes, n) for n in (lo, hi + 1)} == {many}
+    assert all(sample.plan_kernel(hidden, elem_bytes, n).rows_in_sequence == 1 for n in (lo, hi + 1))
     plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (lo + 1, 512, hi)}
     assert len(plans) == 1
     (plan,) = plans
@@ -310,18 +310,18 @@ def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes
     assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
 
 
-@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 3), (12288, 4), (16384, 3),
+@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 4), (12288, 4), (16384, 3),
                                              (sample.MAX_HIDDEN, 2)])
 def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
-    """Every plan's kernel is in the launcher's module once, named by its plan (the 16 KB line's few-token plan
-    is its many-token plan, which the launcher reaches for two ranges of counts; 32 KB rows and longer run the
-    cluster plan for every few-token count); without the plans by token count (the AOT flavor's case) there is
-    exactly one, the many-token plan's."""
+    """Every plan's kernel is in the launcher's module once, named by its plan (a plan may serve two ranges of
+    counts, e.g. 129-384 and over 1024; 32 KB rows and longer run the cluster plan for every few-token count);
+    without the plans by token count (the AOT flavor's case) there is exactly one, the many-token plan's without
+    a cluster."""
     names = list(entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)))
     assert len(names) == kernels == len(plans_of(hidden))
     assert all(sum(f"_{plan}_" in name for name in names) == 1 for plan in plans_of(hidden))
     (alone,) = entries(ptx_of("float16", hidden, "sm_90a"))
-    assert f"_{sample.plan_kernel(hidden)}_" in alone
+    assert f"_{sample.plan_kernel(hidden, clusters=False)}_" in alone
 
 
 # (hidden, bytes per element) -> (most rows, threads per row, vectors per thread) of the cluster plan, written
@@ -361,6 +361,23 @@ def test_few_rows_of_16_kb_and_more_are_split_over_a_cluster(hidden, elem_bytes,
     assert plan.shared_memory_bytes == 4 * threads // 32 + 8  # every warp's sum of the row, and the mbarrier
     assert sample.plan_kernel(hidden, elem_bytes, most + 1).cluster_ctas == 1
     assert sample.plan_kernel(hidden, elem_bytes, 1, clusters=False).cluster_ctas == 1
+
+
+def test_the_16_kb_line_splits_many_rows_over_two_ctas():
+    """Its own plan, 256 threads x 4 vectors with W first and X in registers, over a cluster of two 128-thread
+    CTAs for more than MID_TOKENS[1] rows on sm_90 and newer; one CTA per row for 33-384 rows, before sm_90 and
+    for the AOT flavor; no other line splits many rows."""
+    plan = sample.plan_kernel(8192, 2)
+    assert (plan.cluster_ctas, plan.threads_per_row, plan.cta_threads, plan.vecs_per_thread) == (2, 256, 128, 4)
+    assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1
+    assert [plan.grid(n) for n in (1025, 4096)] == [2050, 8192]
+    assert {sample.plan_kernel(8192, 2, n) for n in (1025, 32768)} == {plan}
+    unsplit = {sample.plan_kernel(8192, 2, n) for n in (33, 128, 129, 384)}
+    assert unsplit == {sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=False)}
+    assert sample.plan_kernel(4096, 4) == sample.KernelPlan(4096, 4, 4, 256, 1, 4, early_weight=True, stage_x=False,
+                                                            cluster_ctas=2)  # fp32 X: also 16 KB rows
+    assert sample.plan_kernel(8192, 2, clusters=False).cluster_ctas == 1
+    assert all(sample.plan_kernel(h, 2).cluster_ctas == 1 for h in (1024, 4096, 7680, 8200, 12288, 16384, 32768))
 
 
 def test_a_cluster_needs_registers_one_row_per_cta_and_whole_warps_per_cta():
