@@ -333,16 +333,16 @@ class RowPlan:
 
 
 ROW_PLANS = (
-    RowPlan(256, "registers", 2, False, 256),          # tuned: rows of a few vectors: several rows per warp
-    RowPlan(2048, "registers", 2, True, 128),          # tuned: latency-bound rows
-    RowPlan(3072, "registers", 2, True, 128, 1),       # tuned
-    RowPlan(4096, "registers", 2, True, 128),          # tuned
-    RowPlan(8192, "shared", 2, True, 128, 2, 2),       # tuned: bandwidth-bound rows from here on
-    RowPlan(15360, "shared", 4, True, 128, 4, 4),      # tuned
-    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged 16 KB rows ran slower, but mid
-    RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),    # tuned: long rows hold no W registers through Step 3
-    RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),    # tuned
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: staged 32 KB rows: too few per SM
+    RowPlan(256, "registers", 2, False, 256),                    # tuned: rows of a few vectors: several per warp
+    RowPlan(2048, "registers", 2, True, 128),                    # tuned: latency-bound rows
+    RowPlan(3072, "registers", 2, True, 128, 1),                 # tuned
+    RowPlan(4096, "registers", 2, True, 128),                    # tuned
+    RowPlan(8192, "shared", 2, True, 128, 2, 2),                 # tuned: bandwidth-bound rows from here on
+    RowPlan(15360, "shared", 4, True, 128, 4, 4),                # tuned
+    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged 16 KB rows ran slower (not mid)
+    RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),      # tuned: long rows hold no W registers in Step 3
+    RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),      # tuned
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: a staged 32 KB row: too few/SM
 )
 # MAX_HIDDEN (top of the file) is the longest row the last plan holds:
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements. An fp32 row as long takes

@@ -202,8 +202,8 @@ ON_CHIP_CASES = (
 def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, w_dtype, hidden):
     """No spills and >= 768 resident threads per SM on sm_90 (64K registers, 228 KB shared memory).
 
-    768 is what the plan gives its register-heaviest rows (hidden 8192 with X and W in registers, 80
-    registers, 3 CTAs of 256 threads; staged rows with W's FP32 vectors held through the reduction, 72-78
+    768 is what the plan gives its register-heaviest rows (hidden 8192 with X and W in registers, 79
+    registers, 6 CTAs of 128 threads, two per row; staged rows with W's FP32 vectors held through the reduction, 72-78
     registers); one more register allocation step there would drop a CTA per SM,
     i.e. fewer rows in flight on a kernel that is bound by memory latency (benchmarks/NOTES.md).
     fp32 X at MAX_HIDDEN holds 8 vectors of 4 per thread in 1024-thread CTAs: at most 64 registers each.
