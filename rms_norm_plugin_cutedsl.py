@@ -482,7 +482,9 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
         vec //= 2
     num_vecs = hidden // vec
-    can_stage = vec * elem_bytes == VECTOR_BYTES
+    whole_vectors = vec * elem_bytes == VECTOR_BYTES  # what cp.async.cg copies, and what the clusters were tuned on
+    # Shorter vectors would spread a row over a cluster in up to 64 warps, each adding to Step 3c's chain.
+    clusters = clusters and whole_vectors
     x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
     ctas = row.cluster_ctas if clusters and (num_tokens is None or num_tokens > MID_TOKENS[1]) else 1
     # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
@@ -493,17 +495,19 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
         by_count = ("registers", row.cluster[1], 1, CLUSTER_CTAS)
     elif num_tokens <= FEW_TOKENS:
         by_count = ("registers", row.few_tokens_vecs, 1, 1)
-    elif MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and can_stage:
+    elif MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and whole_vectors:
         by_count = ("shared", row.mid_tokens_vecs, ROWS_IN_SEQUENCE, 1)
     # Each holds W's registers next to X's through the reduction; at 1024 threads per CTA (64 registers each)
-    # that would spill, and the mid plan would stage two rows of up to 128 KB each.
-    if by_count[1] and math.ceil(num_vecs / by_count[1]) <= MAX_CTA_THREADS // 2 * by_count[3]:
+    # that would spill, and the mid plan would stage two rows of up to 128 KB each. A row over a cluster keeps
+    # to 1024 threads, so Step 3c adds at most 32 warp sums, as in one CTA.
+    limit = MAX_CTA_THREADS if by_count[3] > 1 else MAX_CTA_THREADS // 2
+    if by_count[1] and math.ceil(num_vecs / by_count[1]) <= limit:
         x_in, vecs, in_sequence, ctas = by_count
         early_weight = True
     threads = threads_for(num_vecs, vecs, ctas)
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
-                      stage_x=x_in == "shared" and can_stage, rows_in_sequence=in_sequence, cluster_ctas=ctas)
+                      stage_x=x_in == "shared" and whole_vectors, rows_in_sequence=in_sequence, cluster_ctas=ctas)
 
 
 def token_schedule(hidden: int, elem_bytes: int = 2, clusters: bool = True) -> tuple:

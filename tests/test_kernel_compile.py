@@ -339,6 +339,8 @@ CLUSTER_PLANS = [
     (32768, 2, (128, 1024, 4)),  # 256 threads per CTA
     (4096, 4, (32, 256, 4)),     # fp32 X: 16 KB rows
     (16384, 4, (128, 1024, 4)),  # fp32 X: 64 KB rows
+    (8190, 2, None),             # 4-byte vectors: 2048 threads at 4 each; clusters only with 16-byte vectors
+    (30720, 4, None),            # fp32 X: 7680 vectors at 4 -> 1920 threads, over the 1024 a cluster keeps to
 ]
 
 
@@ -348,7 +350,7 @@ def test_few_rows_of_16_kb_and_more_are_split_over_a_cluster(hidden, elem_bytes,
     without clusters, and the plan has no cluster."""
     assert sample.CLUSTER_CTAS == 4
     if cluster is None:
-        assert all(sample.plan_kernel(hidden, elem_bytes, n).cluster_ctas == 1 for n in (1, 32, 128))
+        assert all(sample.plan_kernel(hidden, elem_bytes, n).cluster_ctas == 1 for n in (1, 32, 128, None))
         return
     most, threads, vecs = cluster
     plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, most)}
