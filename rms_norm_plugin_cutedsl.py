@@ -317,8 +317,8 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #         stages two rows up front and normalizes them in turn stores the first
 #         while the second still arrives (W first, mid_tokens_vecs vectors per thread);
 #   many  any other count, and wherever the column is 0: the line's own plan
-#         (over MID_TOKENS[1] rows split over cluster_ctas CTAs, where the line
-#         names more than one: smaller pieces of work even out the SMs' load).
+#         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
+#         names more than one, which measured faster at the same occupancy).
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
