@@ -474,8 +474,8 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     bytes arrive, so more rows fit on an SM (the table says which do not).
     ``num_tokens`` gives the plan the launcher runs for a call of that many rows
     (None: the plan for many rows); ``clusters=False`` (GPUs before sm_90) leaves
-    the cluster plan out. A cluster, few- or mid-token plan needs at most 512
-    threads per row, else the many-row plan serves every count.
+    clusters out. A few- or mid-token plan needs at most 512 threads per row, a
+    cluster plan 1024 and 16-byte vectors, else the line's own plan serves the count.
     """
     row = row_plan(hidden, elem_bytes)
     vec = VECTOR_BYTES // elem_bytes
@@ -485,17 +485,16 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     whole_vectors = vec * elem_bytes == VECTOR_BYTES  # what cp.async.cg copies, and what the clusters were tuned on
     # Shorter vectors would spread a row over a cluster in up to 64 warps, each adding to Step 3c's chain.
     clusters = clusters and whole_vectors
+    rows = math.inf if num_tokens is None else num_tokens
     x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
-    ctas = row.cluster_ctas if clusters and (num_tokens is None or num_tokens > MID_TOKENS[1]) else 1
+    ctas = row.cluster_ctas if clusters and rows > MID_TOKENS[1] else 1
     # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
     by_count = ("registers", 0, 1, 1)
-    if num_tokens is None:
-        pass
-    elif clusters and num_tokens <= row.cluster[0]:
+    if clusters and rows <= row.cluster[0]:
         by_count = ("registers", row.cluster[1], 1, CLUSTER_CTAS)
-    elif num_tokens <= FEW_TOKENS:
+    elif rows <= FEW_TOKENS:
         by_count = ("registers", row.few_tokens_vecs, 1, 1)
-    elif MID_TOKENS[0] < num_tokens <= MID_TOKENS[1] and whole_vectors:
+    elif MID_TOKENS[0] < rows <= MID_TOKENS[1] and whole_vectors:
         by_count = ("shared", row.mid_tokens_vecs, ROWS_IN_SEQUENCE, 1)
     # Each holds W's registers next to X's through the reduction; at 1024 threads per CTA (64 registers each)
     # that would spill, and the mid plan would stage two rows of up to 128 KB each. A row over a cluster keeps
