@@ -295,7 +295,7 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # Facts of the hardware and of the data.
 VECTOR_BYTES = 16          # widest global access per thread (ld.global.v4.b32); cp.async.cg copies exactly this
 WARP_THREADS = 32
-MAX_CTA_THREADS = 1024     # CUDA's limit; a row never spans two CTAs
+MAX_CTA_THREADS = 1024     # CUDA's limit on threads per CTA
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
 # How each row length is served: one row of this table per range of row
@@ -318,7 +318,7 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #         while the second still arrives (W first, mid_tokens_vecs vectors per thread);
 #   many  any other count, and wherever the column is 0: the line's own plan
 #         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
-#         names more than one, which measured faster at the same occupancy).
+#         names more than one; benchmarks/NOTES.md, fourth pass, says why).
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
@@ -339,7 +339,7 @@ ROW_PLANS = (
     RowPlan(4096, "registers", 2, True, 128),                    # tuned
     RowPlan(8192, "shared", 2, True, 128, 2, 2),                 # tuned: bandwidth-bound rows from here on
     RowPlan(15360, "shared", 4, True, 128, 4, 4),                # tuned
-    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged 16 KB rows ran slower (not mid)
+    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged only for mid counts
     RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),      # tuned: long rows hold no W registers in Step 3
     RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),      # tuned
     RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: a staged 32 KB row: too few/SM
@@ -627,8 +627,8 @@ def rms_norm_kernel(
         # announces itself now; Step 3b waits until all have, after the loads.
         sums_in = smem.allocate_array(cutlass.Int64, 1)
         if lead:
-            cute.arch.mbarrier_init(sums_in, 1)
-            cute.arch.mbarrier_init_fence()
+            cute.arch.mbarrier_init(sums_in, 1)  # one arrival: this thread's, in Step 3b
+            cute.arch.mbarrier_init_fence()      # makes the barrier visible to the cluster's other CTAs
         cute.arch.cluster_arrive_relaxed()
 
     for i in cutlass.range_constexpr(plan.rows_in_sequence):  # one row per slot, unless the plan says otherwise
@@ -660,11 +660,12 @@ def rms_norm_kernel(
             if cutlass.const_expr(plan.cluster_ctas > 1):
                 # Over a cluster, lane c of each warp sends the sum to CTA c's shared memory
                 # (st.async), and every CTA waits until its mbarrier has counted all the row's sums.
-                cute.arch.cluster_wait()
-                if lead:
+                cute.arch.cluster_wait()  # every CTA has started and set up its mbarrier: safe to write to
+                if lead:  # 4 bytes will arrive from each warp of the row
                     cute.arch.mbarrier_arrive_and_expect_tx(sums_in, 4 * plan.warps_per_row)
                 if t % WARP_THREADS < plan.cluster_ctas:
                     mine = sSum.iterator + cute.crd2idx((t // WARP_THREADS, row_in_cta, 0), sSum.layout)
+                    # store_async_dsmem takes 32-bit integers: the sum travels as its bit pattern
                     cute.arch.store_async_dsmem(mine, total.bitcast(Int32), sums_in, t % WARP_THREADS)
                 cute.arch.mbarrier_wait(sums_in, 0)
             else:
