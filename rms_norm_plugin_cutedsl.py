@@ -319,6 +319,12 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #   many  any other count, and wherever the column is 0: the line's own plan
 #         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
 #         names more than one; benchmarks/NOTES.md, fourth pass, says why).
+# ptxas, not the source, decides when a load is issued. Left to itself it keeps
+# hidden 1536's own plan (96 threads, 2 vectors each) at 40 registers by issuing
+# W's loads only once X has arrived, which undoes "W first"; a launch bound of
+# min_ctas_per_sm CTAs per SM raises its register budget and it keeps them
+# first. Rows that do not fill their threads exactly keep W first without it
+# and run slower with it, hence a line for rows of exactly 3 KB.
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
@@ -330,12 +336,14 @@ class RowPlan:
     mid_tokens_vecs: int = 0
     cluster: tuple = (0, 0)  # (at most this many rows, vectors per thread) for the cluster plan
     cluster_ctas: int = 1    # over MID_TOKENS[1] rows, the line's own plan splits each row over this many CTAs
+    min_ctas_per_sm: int = 0  # a launch bound for the line's own plan (0: none; see above)
 
 
 ROW_PLANS = (
     RowPlan(256, "registers", 2, False, 256),                    # tuned: rows of a few vectors: several per warp
     RowPlan(2048, "registers", 2, True, 128),                    # tuned: latency-bound rows
-    RowPlan(3072, "registers", 2, True, 128, 1),                 # tuned
+    RowPlan(3071, "registers", 2, True, 128, 1),                 # tuned
+    RowPlan(3072, "registers", 2, True, 128, 1, min_ctas_per_sm=8),  # tuned: exactly 3 KB (hidden 1536): keep W first
     RowPlan(4096, "registers", 2, True, 128),                    # tuned
     RowPlan(8192, "shared", 2, True, 128, 2, 2),                 # tuned: bandwidth-bound rows from here on
     RowPlan(15360, "shared", 4, True, 128, 4, 4),                # tuned
@@ -369,6 +377,7 @@ class KernelPlan:
     stage_x: bool         # X goes to shared memory by cp.async (True) or straight to registers
     rows_in_sequence: int = 1  # rows each row slot of a CTA normalizes one after another (staged plans only)
     cluster_ctas: int = 1      # CTAs one row is split over, a thread-block cluster (sm_90+); threads_per_row counts all
+    min_ctas_per_sm: int = 0   # a launch bound: ptxas budgets registers so that this many CTAs fit on an SM (0: none)
 
     def __post_init__(self):
         if self.rows_in_sequence > 1 and not self.stage_x:
@@ -424,6 +433,7 @@ class KernelPlan:
         weight = "early" if self.early_weight else "late"
         sequence = f"q{self.rows_in_sequence}" if self.rows_in_sequence > 1 else ""
         sequence += f"c{self.cluster_ctas}" if self.cluster_ctas > 1 else ""
+        sequence += f"m{self.min_ctas_per_sm}" if self.min_ctas_per_sm else ""
         return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}{sequence}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
 
@@ -439,8 +449,9 @@ class KernelPlan:
             rows = f"{self.cta_rows} rows/CTA in turn"
         if self.cluster_ctas > 1:
             rows = f"each row over a cluster of {self.cluster_ctas} CTAs"
+        bound = f", launch bound {self.min_ctas_per_sm} CTAs/SM" if self.min_ctas_per_sm else ""
         return (f"kernel: vector {self.vec} x {self.elem_bytes * 8}-bit, {self.threads_per_row} threads/row "
-                f"x {self.vecs_per_thread} vectors, {rows}, {where}")
+                f"x {self.vecs_per_thread} vectors, {rows}, {where}{bound}")
 
 
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
@@ -487,6 +498,7 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     clusters = clusters and whole_vectors
     rows = math.inf if num_tokens is None else num_tokens
     x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
+    bound = row.min_ctas_per_sm  # the launch bound belongs to the line's own plan only
     ctas = row.cluster_ctas if clusters and rows > MID_TOKENS[1] else 1
     # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
     by_count = ("registers", 0, 1, 1)
@@ -502,11 +514,12 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     limit = MAX_CTA_THREADS if by_count[3] > 1 else MAX_CTA_THREADS // 2
     if by_count[1] and math.ceil(num_vecs / by_count[1]) <= limit:
         x_in, vecs, in_sequence, ctas = by_count
-        early_weight = True
+        early_weight, bound = True, 0
     threads = threads_for(num_vecs, vecs, ctas)
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
-                      stage_x=x_in == "shared" and whole_vectors, rows_in_sequence=in_sequence, cluster_ctas=ctas)
+                      stage_x=x_in == "shared" and whole_vectors, rows_in_sequence=in_sequence, cluster_ctas=ctas,
+                      min_ctas_per_sm=bound)
 
 
 def token_schedule(hidden: int, elem_bytes: int = 2, clusters: bool = True) -> tuple:
@@ -723,10 +736,14 @@ def rms_norm_kernel(
 
 def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
     """Launch rms_norm_kernel with one plan: plan.grid() CTAs of plan.cta_threads threads, in clusters of
-    plan.cluster_ctas where a row is split over several CTAs."""
-    cluster = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
+    plan.cluster_ctas where a row is split over several CTAs, under the plan's launch bound if it has one."""
+    options = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
+    if plan.min_ctas_per_sm:
+        # The carveout -1 (the driver's default) keeps CuteDSL from asking the GPU
+        # for its shared memory size, so a bounded kernel still compiles without one.
+        options.update(min_blocks_per_mp=plan.min_ctas_per_sm, preferred_smem_carveout=-1)
     rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
-        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1], stream=stream, **cluster)
+        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1], stream=stream, **options)
 
 
 def serves(num_tokens, counts):

@@ -310,6 +310,39 @@ def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes
     assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
 
 
+# (hidden, bytes per element, token count) -> the launch bound (CTAs per SM) of the plan for that count, written
+# from ROW_PLANS: only the line's own plan for rows of exactly 3 KB has one.
+LAUNCH_BOUNDS = [
+    (1536, 2, None, 8),      # 3 KB: 192 vectors fill 96 threads x 2 exactly
+    (1536, 2, 4096, 8),
+    (1536, 2, 512, 8),       # registers lines have no mid plan: the own plan
+    (1536, 2, 1, 0),         # the few-token plan (192 threads x 1) has none
+    (1536, 2, 128, 0),
+    (768, 4, None, 8),       # fp32 rows of 3 KB
+    (1472, 2, None, 0),      # 2944 B: 184 vectors over 96 x 2
+    (1280, 2, None, 0),
+    (1540, 2, None, 0),      # 3080 B: the 4 KB line
+    (1024, 2, None, 0),
+    (8192, 2, None, 0),
+]
+
+
+@pytest.mark.parametrize("hidden, elem_bytes, tokens, bound", LAUNCH_BOUNDS)
+def test_only_rows_of_exactly_3_kb_get_a_launch_bound(hidden, elem_bytes, tokens, bound):
+    assert sample.plan_kernel(hidden, elem_bytes, tokens).min_ctas_per_sm == bound
+
+
+@pytest.mark.parametrize("hidden, bounded", [(1536, 1), (1472, 0)])
+def test_the_launch_bound_reaches_ptxas(hidden, bounded):
+    """The launcher's kernel for the bounded plan carries .minnctapersm, and no other kernel does; it compiles
+    without a GPU (the carveout that launch_kernel passes)."""
+    kernels = entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True))
+    bounds = {name: re.findall(r"^\.minnctapersm (\d+)$", text, flags=re.M) for name, text in kernels.items()}
+    assert sorted(b for found in bounds.values() for b in found) == ["8"] * bounded
+    many = sample.plan_kernel(hidden, 2)
+    assert all(bool(found) == (bool(bounded) and f"_{many}_" in name) for name, found in bounds.items())
+
+
 @pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 4), (12288, 4), (16384, 3),
                                              (sample.MAX_HIDDEN, 2)])
 def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
@@ -531,6 +564,7 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
     (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers"),
     (4096, "kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, 1 row/CTA, X staged in shared memory"),
     (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 16 rows/CTA, X in registers"),
+    (1536, "kernel: vector 8 x 16-bit, 96 threads/row x 2 vectors, 1 row/CTA, X in registers, launch bound 8 CTAs/SM"),
 ])
 def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
     """What main() prints under its header: vector width, split, rows per CTA, registers or shared memory."""

@@ -27,16 +27,16 @@ def time_plans():
     ("t32k4", 1000, (32, 4, 4, True, False), 0),           # 128 threads per CTA: 4 rows
 ])
 def test_a_spec_names_the_plan(time_plans, spec, hidden, fields, min_ctas):
-    plan, bound = time_plans.parse_plan(spec, hidden, 2)
+    plan = time_plans.parse_plan(spec, hidden, 2)
     assert (plan.threads_per_row, plan.rows_per_cta, plan.vecs_per_thread, plan.early_weight, plan.stage_x) == fields
-    assert bound == min_ctas
+    assert plan.min_ctas_per_sm == min_ctas
     assert plan.rows_in_sequence == 1
 
 
 def test_a_spec_puts_rows_in_sequence(time_plans):
-    plan, bound = time_plans.parse_plan("t384k4sq2", 12288, 2)
+    plan = time_plans.parse_plan("t384k4sq2", 12288, 2)
     assert (plan.threads_per_row, plan.vecs_per_thread, plan.stage_x, plan.early_weight) == (384, 4, True, True)
-    assert (plan.rows_per_cta, plan.rows_in_sequence, plan.cta_rows, bound) == (1, 2, 2, 0)
+    assert (plan.rows_per_cta, plan.rows_in_sequence, plan.cta_rows, plan.min_ctas_per_sm) == (1, 2, 2, 0)
 
 
 @pytest.mark.parametrize("spec,hidden,why", [
@@ -52,8 +52,9 @@ def test_a_spec_that_cannot_serve_the_row_is_refused(time_plans, spec, hidden, w
 
 
 def test_the_launch_bound_reaches_the_ptx(time_plans):
-    plan, bound = time_plans.parse_plan("t64k2lm16", 1024, 2)
-    ptx = time_plans.compile_plan("float16", plan, bound, "sm_90a", keep_ptx=True).__ptx__
+    plan = time_plans.parse_plan("t64k2lm16", 1024, 2)
+    ptx = time_plans.compile_plan("float16", plan, "sm_90a", keep_ptx=True).__ptx__
     assert re.search(r"\.minnctapersm 16\b", ptx)
-    unbounded = time_plans.compile_plan("float16", plan, 0, "sm_90a", keep_ptx=True).__ptx__
+    unbounded = time_plans.compile_plan("float16", time_plans.parse_plan("t64k2l", 1024, 2), "sm_90a",
+                                        keep_ptx=True).__ptx__
     assert ".minnctapersm" not in unbounded

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time hand-written plans of the sample's kernel against the plan it picks and copy_; or count their registers.
 
-The sample's kernel runs as it is: only the KernelPlan it receives and, optionally, a launch bound differ. A
+The sample's kernel runs as it is, launched by the sample's launch_kernel: only the KernelPlan it receives differs. A
 plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 
     T threads per row, K vectors per thread,
@@ -9,7 +9,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
     rR R rows per CTA (default: enough rows for 128 threads),
     qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized once it is in),
     cC each row split over a cluster of C CTAs of T / C threads (X in registers, one row per CTA),
-    mM ask ptxas for at least M CTAs per SM (a launch bound: it caps the registers per thread).
+    mM ask ptxas for at least M CTAs per SM (the plan's launch bound: it sets ptxas's register budget).
 
     python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2 [--rounds 5]
     python3 benchmarks/experiments/time_plans.py --registers --hidden 1024 --plans t64k2,t64k2lm16   # no GPU
@@ -43,7 +43,7 @@ SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d
 
 
 def parse_plan(spec: str, hidden: int, elem_bytes: int):
-    """(KernelPlan, min CTAs per SM or 0) for a spec such as t160k4sl; ValueError if it cannot cover the row."""
+    """The KernelPlan a spec such as t160k4sl names; ValueError if it cannot cover the row."""
     match = SPEC.match(spec)
     if not match:
         raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][qQ][cC][mM]")
@@ -61,30 +61,25 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
     rows = int(rows) if rows else 1 if cluster else max(1, 128 // threads)
     plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
                              stage_x=bool(staged), rows_in_sequence=int(sequence or 1),
-                             cluster_ctas=int(cluster or 1))
-    return plan, int(min_ctas or 0)
+                             cluster_ctas=int(cluster or 1), min_ctas_per_sm=int(min_ctas or 0))
+    return plan
 
 
 @cute.jit
-def bounded_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
-                   plan: cutlass.Constexpr, epsilon: cutlass.Constexpr, min_ctas: cutlass.Constexpr):
-    """rms_norm_launch with a launch bound. The explicit carveout (-1: the driver's default) keeps CuteDSL
-    from asking a GPU for its shared memory size when min_ctas > 1, so this compiles without one."""
-    cluster = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
-    sample.rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
-        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1],
-        stream=stream, min_blocks_per_mp=min_ctas, preferred_smem_carveout=-1, **cluster)
+def plan_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
+                plan: cutlass.Constexpr, epsilon: cutlass.Constexpr):
+    """The sample's launch of one plan, whatever the token count (the sample's launcher picks plans by count)."""
+    sample.launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
 
 
-def compile_plan(dtype: str, plan, min_ctas: int, arch: str, keep_ptx: bool = False):
+def compile_plan(dtype: str, plan, arch: str, keep_ptx: bool = False):
     elem = getattr(cutlass, sample.DTYPES[dtype].cute)
     fake = cute.runtime.make_fake_compact_tensor
     tokens = cute.sym_int32()
     x = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
     y = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
     w = fake(Float32, (plan.hidden,), assumed_align=sample.VECTOR_BYTES)
-    args = (bounded_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), plan, sample.DEFAULT_EPSILON,
-            min_ctas)
+    args = (plan_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), plan, sample.DEFAULT_EPSILON)
     if keep_ptx:
         with tempfile.TemporaryDirectory() as dump_dir:
             return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
@@ -113,9 +108,9 @@ def print_registers(args):
         for hidden in args.hidden:
             elem_bytes = sample.DTYPES[dtype].bytes
             own = sample.plan_kernel(hidden, elem_bytes)
-            cases = [("own plan", own, 0)] + [(spec, *parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
-            for name, plan, min_ctas in cases:
-                registers, spills = ptxas_report(compile_plan(dtype, plan, min_ctas, "sm_90a", keep_ptx=True).__ptx__)
+            cases = [("own plan", own)] + [(spec, parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
+            for name, plan in cases:
+                registers, spills = ptxas_report(compile_plan(dtype, plan, "sm_90a", keep_ptx=True).__ptx__)
                 print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
                       f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM")
 
@@ -139,10 +134,10 @@ def time_shapes(args):
             calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
             plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
             for spec in args.plans:
-                plan, min_ctas = parse_plan(spec, hidden, names.bytes)
-                if (dtype, plan, min_ctas) not in compiled:  # one compilation serves every token count
-                    compiled[dtype, plan, min_ctas] = compile_plan(dtype, plan, min_ctas, arch)
-                calls[spec], plans[spec] = compiled[dtype, plan, min_ctas], str(plan)
+                plan = parse_plan(spec, hidden, names.bytes)
+                if (dtype, plan) not in compiled:  # one compilation serves every token count
+                    compiled[dtype, plan] = compile_plan(dtype, plan, arch)
+                calls[spec], plans[spec] = compiled[dtype, plan], str(plan)
             timers, outputs = {}, {}
             for name, call in calls.items():
                 if name == "copy_":
