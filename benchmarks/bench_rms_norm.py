@@ -23,6 +23,7 @@ quotes; a new run never writes there unless named, so replacing it is a delibera
 """
 
 import argparse
+import importlib.metadata
 import json
 import pathlib
 import platform
@@ -179,16 +180,22 @@ def estimate_seconds(shapes, dtypes, impls, rounds):
     return seconds + sum(len(keys) * ASSUMED_COMPILE_S.get(impl, 0.0) for impl, keys in compiles.items())
 
 
+def package_version(distribution):
+    """The installed version of a pip distribution, "-" if it is not installed. Read from its metadata, because
+    not every package sets __version__ (liger_kernel does not)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:  # reported as absent; load_peers says why
+        return "-"
+
+
 def versions():
     import cutlass
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
            "cutlass_dsl": getattr(cutlass, "__version__", "?")}
-    for name, module in (("quack", "quack"), ("liger", "liger_kernel"), ("triton", "triton")):
-        try:
-            out[name] = __import__(module).__version__
-        except Exception:  # reported as absent; load_peers says why
-            out[name] = "-"
+    for name, distribution in (("quack", "quack-kernels"), ("liger", "liger-kernel"), ("triton", "triton")):
+        out[name] = package_version(distribution)
     try:
         out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                        capture_output=True, text=True).stdout.strip()

@@ -59,3 +59,20 @@ def test_bad_selections_are_refused_in_one_line(tmp_path, args, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert message in proc.stderr.splitlines()[-1]
+
+
+def test_a_peer_version_comes_from_its_distribution_metadata(tmp_path, monkeypatch):
+    """A package need not set __version__ (liger_kernel does not); its installed metadata always names the
+    version. Here a minimal distribution without __version__ is installed into tmp_path."""
+    (tmp_path / "versionless").mkdir()
+    (tmp_path / "versionless" / "__init__.py").write_text("")
+    info = tmp_path / "versionless-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: versionless\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_rms_norm
+
+    assert not hasattr(__import__("versionless"), "__version__")
+    assert bench_rms_norm.package_version("versionless") == "1.2.3"
+    assert bench_rms_norm.package_version("no-such-distribution-here") == "-"
