@@ -12,19 +12,20 @@ import shutil
 import pytest
 
 
-def put_wheel_ptxas_on_path():
-    """Append the nvidia-cuda-nvcc wheel's bin/ (requirements-test.txt) to PATH when no ptxas is on it."""
-    if shutil.which("ptxas"):
-        return
+def put_wheel_tools_on_path():
+    """Append to PATH the bin/ of the nvidia-cuda-nvcc and nvidia-cuda-nvdisasm wheels (requirements-test.txt)
+    that hold ptxas and nvdisasm, for each tool not already on it."""
     try:
         import nvidia  # namespace package of NVIDIA's CUDA wheels
     except ImportError:
         return
-    for root in map(pathlib.Path, nvidia.__path__):
-        for bin_dir in (root / "cu13" / "bin", root / "cuda_nvcc" / "bin"):  # CUDA 13 and CUDA 12 layouts
-            if (bin_dir / "ptxas").is_file():
-                os.environ["PATH"] = os.pathsep.join(filter(None, (os.environ.get("PATH"), str(bin_dir))))
-                return
+    for tool in ("ptxas", "nvdisasm"):
+        # CUDA 13 wheels share nvidia/cu13/bin; CUDA 12 wheels have a bin/ each
+        found = [bin_dir for root in map(pathlib.Path, nvidia.__path__)
+                 for bin_dir in (root / "cu13" / "bin", root / "cuda_nvcc" / "bin", root / "cuda_nvdisasm" / "bin")
+                 if (bin_dir / tool).is_file()]
+        if found and not shutil.which(tool):
+            os.environ["PATH"] = os.pathsep.join(filter(None, (os.environ.get("PATH"), str(found[0]))))
 
 
 def _gpu_reason():
@@ -58,7 +59,7 @@ def in_ci():
 
 
 def pytest_configure(config):
-    put_wheel_ptxas_on_path()
+    put_wheel_tools_on_path()
 
 
 def pytest_collection_modifyitems(config, items):

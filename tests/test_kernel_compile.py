@@ -5,9 +5,11 @@ so these tests read the PTX that the H200 (sm_90a) and Ampere (sm_80) would run.
 """
 
 import math
+import pathlib
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -341,6 +343,34 @@ def test_the_launch_bound_reaches_ptxas(hidden, bounded):
     assert sorted(b for found in bounds.values() for b in found) == ["8"] * bounded
     many = sample.plan_kernel(hidden, 2)
     assert all(bool(found) == (bool(bounded) and f"_{many}_" in name) for name, found in bounds.items())
+
+
+def sass_instructions(ptx, arch="sm_90a"):
+    """The instructions ptxas makes of one kernel's PTX, in program order, as nvdisasm prints them."""
+    nvdisasm = shutil.which("nvdisasm")
+    if nvdisasm is None:  # requirements-test.txt installs it; in CI this skip is a failure
+        pytest.skip("nvdisasm is not on PATH (pip install nvidia-cuda-nvdisasm)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj = pathlib.Path(tmp, "k.ptx"), pathlib.Path(tmp, "k.cubin")
+        src.write_text(ptx)
+        subprocess.run(["ptxas", f"-arch={arch}", str(src), "-o", str(obj)], check=True)
+        sass = subprocess.run([nvdisasm, "-c", str(obj)], check=True, capture_output=True, text=True).stdout
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
+
+
+@pytest.mark.parametrize("dtype, hidden", [("float16", 1536), ("bfloat16", 1536), ("float16", 1024),
+                                           ("float16", 2048)])
+def test_w_first_means_every_load_issues_before_the_shuffles(dtype, hidden):
+    """A registers plan with W first should have all of a thread's X and W loads in flight before the row's
+    first warp shuffle. ptxas, not the source, decides: for hidden 1536 only the plan's launch bound makes it
+    so (benchmarks/NOTES.md, fifth pass); 1024 and 2048 get it without one."""
+    plan = sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes)
+    assert plan.early_weight and not plan.stage_x
+    code = sass_instructions(ptx_of(dtype, hidden, "sm_90a"))
+    loads = [i for i, instruction in enumerate(code) if re.search(r"\bLDG\b", instruction)]
+    first_shuffle = next(i for i, instruction in enumerate(code) if instruction.startswith("SHFL.BFLY"))
+    assert len(loads) == plan.vecs_per_thread * (1 + plan.vec * 4 // 16)  # 16 bytes of X, fp32 W in 16-byte loads
+    assert max(loads) < first_shuffle, f"loads at {loads}, first shuffle at {first_shuffle}"
 
 
 @pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 4), (12288, 4), (16384, 3),

@@ -95,16 +95,18 @@ def test_in_ci_a_module_skipped_at_import_fails(inner):
     assert inner(ci=False, reasons={}, tests=MODULE_SKIP).ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
-def test_the_nvcc_wheels_ptxas_is_found(monkeypatch):
-    """requirements-test.txt installs nvidia-cuda-nvcc so the ptxas tests never skip; conftest finds it."""
+@pytest.mark.parametrize("tool, wheel", [("ptxas", "nvidia-cuda-nvcc"), ("nvdisasm", "nvidia-cuda-nvdisasm")])
+def test_the_wheels_tools_are_found(monkeypatch, tool, wheel):
+    """requirements-test.txt installs nvidia-cuda-nvcc and nvidia-cuda-nvdisasm so the ptxas and SASS tests
+    never skip; conftest finds their tools."""
     installed = set()
-    for wheel in ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12"):
+    for name in (wheel, f"{wheel}-cu12"):
         try:
-            installed.add(importlib.metadata.version(wheel))
+            installed.add(importlib.metadata.version(name))
         except importlib.metadata.PackageNotFoundError:
             pass
     if not installed:  # e.g. requirements-kernel.txt; in CI (requirements-test.txt) this skip is a failure
-        pytest.skip("the nvidia-cuda-nvcc wheel is not installed")
+        pytest.skip(f"the {wheel} wheel is not installed")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    skip_policy.put_wheel_ptxas_on_path()
-    assert skip_policy.shutil.which("ptxas"), "no ptxas on PATH nor in an nvidia-cuda-nvcc wheel"
+    skip_policy.put_wheel_tools_on_path()
+    assert skip_policy.shutil.which(tool), f"no {tool} on PATH nor in an {wheel} wheel"
