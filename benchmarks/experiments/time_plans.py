@@ -16,13 +16,15 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 
 Timing: each round times copy_, the sample's own plan and every plan once, in a rotating order (CUDA-graph
 replay, bench_rms_norm.py's timers); the table gives medians over rounds of time / copy_ and time / own plan.
---registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM.
+--registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM, and,
+where nvdisasm is on PATH, how many global loads the SASS issues after the row's first warp shuffle.
 """
 
 import argparse
 import math
 import pathlib
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,13 +89,24 @@ def compile_plan(dtype: str, plan, arch: str, keep_ptx: bool = False):
 
 
 def ptxas_report(ptx: str, arch: str = "sm_90a"):
-    """(registers per thread, spill store bytes) as ptxas -v reports them."""
+    """(registers per thread, spill store bytes, global loads after the first warp shuffle, global loads): the
+    first two as ptxas -v reports them, the last two from nvdisasm's SASS (None where nvdisasm is not on PATH)."""
+    nvdisasm = shutil.which("nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp, "k.ptx")
         path.write_text(ptx)
         err = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
                              capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"Used (\d+) registers", err)[1]), int(re.search(r"(\d+) bytes spill stores", err)[1])
+        sass = nvdisasm and subprocess.run([nvdisasm, "-c", str(path.with_suffix(".cubin"))], capture_output=True,
+                                           text=True, check=True).stdout
+    late = loads = None
+    if sass:
+        code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
+        at = [i for i, instruction in enumerate(code) if re.search(r"\bLDG\b", instruction)]
+        shuffle = next((i for i, instruction in enumerate(code) if instruction.startswith("SHFL.BFLY")), len(code))
+        late, loads = sum(i > shuffle for i in at), len(at)
+    return (int(re.search(r"Used (\d+) registers", err)[1]), int(re.search(r"(\d+) bytes spill stores", err)[1]),
+            late, loads)
 
 
 def ctas_per_sm(plan, registers: int) -> int:
@@ -110,9 +123,11 @@ def print_registers(args):
             own = sample.plan_kernel(hidden, elem_bytes)
             cases = [("own plan", own)] + [(spec, parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
             for name, plan in cases:
-                registers, spills = ptxas_report(compile_plan(dtype, plan, "sm_90a", keep_ptx=True).__ptx__)
+                registers, spills, late, loads = ptxas_report(compile_plan(dtype, plan, "sm_90a",
+                                                                           keep_ptx=True).__ptx__)
+                order = f", {late} of {loads} global loads after the first shuffle" if loads is not None else ""
                 print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
-                      f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM")
+                      f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM{order}")
 
 
 def time_shapes(args):
