@@ -17,7 +17,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 Timing: each round times copy_, the sample's own plan and every plan once, in a rotating order (CUDA-graph
 replay, bench_rms_norm.py's timers); the table gives medians over rounds of time / copy_ and time / own plan.
 --registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM, and,
-where nvdisasm is on PATH, how many global loads the SASS issues after the row's first warp shuffle.
+where nvdisasm is on PATH, how many global loads the SASS issues after a thread first waits for loaded data.
 """
 
 import argparse
@@ -88,9 +88,30 @@ def compile_plan(dtype: str, plan, arch: str, keep_ptx: bool = False):
     return cute.compile(*args, options=f"--gpu-arch {arch}")
 
 
+def load_order(sass: str):
+    """(global loads issued after the thread first waits for loaded data, global loads) in nvdisasm's listing
+    of one kernel: the first wait is the first instruction that reads a register an earlier load writes. A plan
+    with W first means every load before it."""
+    code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
+    loaded, loads, wait = set(), [], None
+    for i, instruction in enumerate(code):
+        words = instruction.split()
+        opcode, operands = (words[1], words[2:]) if words[0].startswith("@") else (words[0], words[1:])
+        operands = " ".join(operands)
+        if re.match(r"LDG(\.|$)", opcode):  # not LDGSTS (cp.async) or LDGDEPBAR
+            loads.append(i)
+            first = int(re.match(r"R(\d+)", operands)[1])
+            loaded.update(range(first, first + {".128": 4, ".64": 2}.get(opcode[opcode.rfind("."):], 1)))
+            continue
+        sources = operands if opcode.startswith("ST") else operands.partition(",")[2]  # a store has no destination
+        if wait is None and loaded & {int(r) for r in re.findall(r"\bR(\d+)\b", sources)}:
+            wait = i
+    return sum(wait is not None and i > wait for i in loads), len(loads)
+
+
 def ptxas_report(ptx: str, arch: str = "sm_90a"):
-    """(registers per thread, spill store bytes, global loads after the first warp shuffle, global loads): the
-    first two as ptxas -v reports them, the last two from nvdisasm's SASS (None where nvdisasm is not on PATH)."""
+    """(registers per thread, spill store bytes, late loads, global loads): the first two as ptxas -v reports
+    them, the last two load_order's (None where nvdisasm is not on PATH)."""
     nvdisasm = shutil.which("nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp, "k.ptx")
@@ -99,12 +120,7 @@ def ptxas_report(ptx: str, arch: str = "sm_90a"):
                              capture_output=True, text=True, check=True).stderr
         sass = nvdisasm and subprocess.run([nvdisasm, "-c", str(path.with_suffix(".cubin"))], capture_output=True,
                                            text=True, check=True).stdout
-    late = loads = None
-    if sass:
-        code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
-        at = [i for i, instruction in enumerate(code) if re.search(r"\bLDG\b", instruction)]
-        shuffle = next((i for i, instruction in enumerate(code) if instruction.startswith("SHFL.BFLY")), len(code))
-        late, loads = sum(i > shuffle for i in at), len(at)
+    late, loads = load_order(sass) if sass else (None, None)
     return (int(re.search(r"Used (\d+) registers", err)[1]), int(re.search(r"(\d+) bytes spill stores", err)[1]),
             late, loads)
 
@@ -125,7 +141,7 @@ def print_registers(args):
             for name, plan in cases:
                 registers, spills, late, loads = ptxas_report(compile_plan(dtype, plan, "sm_90a",
                                                                            keep_ptx=True).__ptx__)
-                order = f", {late} of {loads} global loads after the first shuffle" if loads is not None else ""
+                order = f", {late} of {loads} global loads after the first wait for data" if loads is not None else ""
                 print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
                       f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM{order}")
 
