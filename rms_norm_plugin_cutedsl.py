@@ -319,12 +319,12 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #   many  any other count, and wherever the column is 0: the line's own plan
 #         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
 #         names more than one; benchmarks/NOTES.md, fourth pass, says why).
-# ptxas, not the source, decides when a load is issued. Left to itself it keeps
-# hidden 1536's own plan (96 threads, 2 vectors each) at 40 registers by issuing
+# ptxas, not the source, decides when a load is issued. Left to itself it saves
+# registers in hidden 1536's own plan (96 threads, 2 vectors each) by issuing
 # W's loads only once X has arrived, which undoes "W first"; a launch bound of
 # min_ctas_per_sm CTAs per SM raises its register budget and it keeps them
-# first. Rows that do not fill their threads exactly keep W first without it
-# and run slower with it, hence a line for rows of exactly 3 KB.
+# first. Rows that do not fill their threads exactly ran slower with the bound
+# (benchmarks/NOTES.md, fifth pass), hence a line for rows of exactly 3 KB.
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
