@@ -25,6 +25,8 @@ import torch  # noqa: E402
 from bench_records import SHAPE_PARTS, interleaved_rounds, shapes_of  # noqa: E402
 from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, out_of_tolerance, parse_list, parse_shapes  # noqa: E402
 
+X_DTYPES = ("float16", "bfloat16", "float32")  # the sample's X/Y dtypes (its ACTIVATION_DTYPES)
+
 
 def load(path: pathlib.Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path / "rms_norm_plugin_cutedsl.py")
@@ -40,7 +42,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="table,mid", help=f"comma-separated, from {', '.join(SHAPE_PARTS)}")
     parser.add_argument("--shapes", default=None, metavar="NxH,...", help="these shapes instead of --only's")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...")
+    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
+                        help=f"comma-separated, from {', '.join(X_DTYPES)} (default: the benchmark's)")
     args = parser.parse_args()
     if args.shapes:
         shapes = parse_shapes(args.shapes)
@@ -48,7 +51,7 @@ def main():
         shapes = shapes_of(parse_list(parser, "--only", args.only, SHAPE_PARTS))
     if shapes is None:
         parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, e.g. 4096x8192,1x1024")
-    dtypes = parse_list(parser, "--dtypes", args.dtypes, DTYPE_NAMES)
+    dtypes = parse_list(parser, "--dtypes", args.dtypes, X_DTYPES)
     samples = {"base": load(args.base.resolve(), "sample_base"), "new": load(ROOT, "sample_new")}
     print(f"| dtype | tokens x hidden | base us | new us | new / base (median of {args.rounds}) | max |")
     print("|---|---|---|---|---|---|")
