@@ -320,11 +320,12 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
 #         names more than one; benchmarks/NOTES.md, fourth pass, says why).
 # ptxas, not the source, decides when a load is issued. Left to itself it saves
-# registers in hidden 1536's own plan (96 threads, 2 vectors each) by issuing
-# W's loads only once X has arrived, which undoes "W first"; a launch bound of
-# min_ctas_per_sm CTAs per SM raises its register budget and it keeps them
-# first. Rows that do not fill their threads exactly ran slower with the bound
-# (benchmarks/NOTES.md, fifth pass), hence a line for rows of exactly 3 KB.
+# registers in the plans of rows up to 2 KB and of hidden 1536 (96 threads, 2
+# vectors each) by issuing W's loads only once X has arrived, which undoes "W
+# first"; a launch bound of min_ctas_per_sm CTAs per SM raises their register
+# budget and they keep them first. The other rows of 2-3 KB issue W first
+# without one and ran slower with it (benchmarks/NOTES.md, fifth and sixth
+# passes), hence a line for rows of exactly 3 KB.
 @dataclass(frozen=True)
 class RowPlan:
     max_row_bytes: int
@@ -341,7 +342,7 @@ class RowPlan:
 
 ROW_PLANS = (
     RowPlan(256, "registers", 2, False, 256),                    # tuned: rows of a few vectors: several per warp
-    RowPlan(2048, "registers", 2, True, 128),                    # tuned: latency-bound rows
+    RowPlan(2048, "registers", 2, True, 128, min_ctas_per_sm=8),  # tuned: latency-bound rows; keep W first
     RowPlan(3071, "registers", 2, True, 128, 1),                 # tuned
     RowPlan(3072, "registers", 2, True, 128, 1, min_ctas_per_sm=8),  # tuned: exactly 3 KB (hidden 1536): keep W first
     RowPlan(4096, "registers", 2, True, 128),                    # tuned
@@ -440,6 +441,10 @@ class KernelPlan:
     def owns(self, j):
         """Whether vector j, which some thread of the row holds, is in the row (always, unless ragged)."""
         return not self.ragged or j < self.num_vecs
+
+    def clamp(self, j):
+        """Vector j, or the row's last vector where j is past a ragged row's end: an address every thread may load."""
+        return cutlass.min(j, self.num_vecs - 1) if self.ragged else j
 
     def describe(self) -> str:
         """One line for a reader: which way the kernel holds a row, and how the row is split."""
@@ -549,15 +554,19 @@ def vector_of(view, k: int, j):
 
 
 @cute.jit
-def copy_vectors(t: Int32, plan: cutlass.Constexpr, *copies, atom=None, transform=None):
+def copy_vectors(t: Int32, plan: cutlass.Constexpr, *copies, weight=None, atom=None, transform=None):
     """For each vector thread t owns and each (src, dst, when) in copies: copy src's vector to dst's if when.
 
     Thread t owns vector j = t + k * threads_per_row of its row, for k = 0, 1, ...
-    (see vector_of). Several copies interleave, vector k of each in turn. With
-    ``transform``, each vector passes through registers as transform(values, k).
+    (see vector_of). Several copies interleave, vector k of each in turn. ``weight``,
+    a pair (mW, tWrW), loads W's vector k ahead of them, in every thread: W first (Step
+    1 says why). With ``transform``, each vector passes through registers as transform(values, k).
     """
     for k in cutlass.range_constexpr(plan.vecs_per_thread):
         j = t + k * plan.threads_per_row
+        if cutlass.const_expr(weight is not None):
+            mW, tWrW = weight
+            cute.autovec_copy(vector_of(mW, k, plan.clamp(j)), vector_of(tWrW, k, j))
         if plan.owns(j):
             for src, dst, when in copies:
                 if when:
@@ -608,12 +617,15 @@ def rms_norm_kernel(
     # Step 1: each thread loads its vectors of X (and, where the plan says so,
     # of W) into registers. Unowned slots stay zero: they add nothing to the sum.
     # W keeps its own dtype in registers (a 16-bit W needs half the registers of
-    # an fp32 one) and becomes FP32 in Step 5, where it is used.
+    # an fp32 one) and becomes FP32 in Step 5, where it is used. Where W comes
+    # first, every thread loads a W vector for every slot, past a ragged row's end
+    # the row's last one again (KernelPlan.clamp): ptxas issues a load that sits
+    # behind a bounds check only once X has arrived, adding W's latency to the row's.
     tXrX = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mX.element_type)
     tWrW = cute.make_rmem_tensor((vec, plan.vecs_per_thread), mW.element_type)
     tXrX.fill(0.0)
     tWrW.fill(0.0)
-    early_w = ((mW, tWrW, True),) if cutlass.const_expr(plan.early_weight) else ()
+    early_w = (mW, tWrW) if cutlass.const_expr(plan.early_weight) else None
     if cutlass.const_expr(plan.stage_x):
         # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
         # only) while W is loaded; no register waits for X's bytes from DRAM.
@@ -630,7 +642,7 @@ def rms_norm_kernel(
             if row < num_tokens:
                 copy_vectors(t, plan, ((mX, row), (sX, slot), True), atom=g2s)
             cute.arch.cp_async_commit_group()
-        copy_vectors(t, plan, *early_w)
+        copy_vectors(t, plan, weight=early_w)
     if cutlass.const_expr(plan.warps_per_row > 1):
         sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta,
                                                                plan.sum_buffers)), 16)
@@ -656,7 +668,7 @@ def rms_norm_kernel(
         else:
             # Registers: X straight from DRAM, each W vector requested just before
             # the X vector it scales (the order that ran fastest, benchmarks/NOTES.md).
-            copy_vectors(t, plan, *early_w, ((mX, row), tXrX, row_ok))
+            copy_vectors(t, plan, ((mX, row), tXrX, row_ok), weight=early_w)
 
         # Step 2: per-thread partial sum of squares, in FP32. Adding across the
         # thread's vectors first (vec independent running sums), then within one

@@ -326,18 +326,25 @@ LAUNCH_BOUNDS = [
     (768, 4, None, 8),       # fp32 rows of 3 KB
     (1472, 2, None, 0),      # 2944 B: 184 vectors over 96 x 2
     (1280, 2, None, 0),
+    (1025, 2, None, 0),      # 2050 B: just past the 2 KB line
     (1540, 2, None, 0),      # 3080 B: the 4 KB line
-    (1024, 2, None, 0),
+    (1024, 2, None, 8),      # 2 KB: the 2 KB line's own plan serves every count
+    (1024, 2, 1, 8),
+    (1000, 2, 4096, 8),      # ragged rows of the 2 KB line too
+    (512, 2, 128, 8),
+    (512, 4, None, 8),       # fp32 rows of 2 KB
+    (129, 2, None, 8),       # 258 B: the shortest rows of the 2 KB line
+    (128, 2, None, 0),       # 256 B: rows of a few vectors, W after the reduction
     (8192, 2, None, 0),
 ]
 
 
 @pytest.mark.parametrize("hidden, elem_bytes, tokens, bound", LAUNCH_BOUNDS)
-def test_only_rows_of_exactly_3_kb_get_a_launch_bound(hidden, elem_bytes, tokens, bound):
+def test_launch_bounds_for_rows_up_to_2_kb_and_of_exactly_3_kb(hidden, elem_bytes, tokens, bound):
     assert sample.plan_kernel(hidden, elem_bytes, tokens).min_ctas_per_sm == bound
 
 
-@pytest.mark.parametrize("hidden, bounded", [(1536, 1), (1472, 0)])
+@pytest.mark.parametrize("hidden, bounded", [(1536, 1), (1472, 0), (1000, 1), (100, 0)])
 def test_the_launch_bound_reaches_ptxas(hidden, bounded):
     """The launcher's kernel for the bounded plan carries .minnctapersm, and no other kernel does; it compiles
     without a GPU (the carveout that launch_kernel passes)."""
@@ -371,13 +378,17 @@ def load_order(ptx, arch="sm_90a"):
 
 
 @pytest.mark.parametrize("dtype, hidden", [("float16", 1536), ("bfloat16", 1536), ("float16", 1024),
-                                           ("float16", 2048)])
+                                           ("float16", 2048), ("float16", 512), ("bfloat16", 512),
+                                           ("bfloat16", 256), ("float16", 1000), ("bfloat16", 1000),
+                                           ("float16", 768)])
 def test_w_first_means_every_load_issues_before_x_is_read(dtype, hidden):
     """A registers plan with W first should have all of a thread's X and W loads in flight before it first
-    waits for loaded data. ptxas, not the source, decides: for hidden 1536 only the plan's launch bound makes
-    it so (benchmarks/NOTES.md, fifth pass); 1024 and 2048 get it without one."""
+    waits for loaded data. ptxas, not the source, decides: for hidden 1536 and rows up to 2 KB only the plan's
+    launch bound makes it so, and in ragged rows (1000, 768) also W's clamped loads (benchmarks/NOTES.md, fifth
+    and sixth passes); 2048 gets it without either. In a ragged row X's last load is predicated, still one
+    instruction."""
     plan = sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes)
-    assert plan.early_weight and not plan.stage_x and not plan.ragged
+    assert plan.early_weight and not plan.stage_x
     late, loads = load_order(ptx_of(dtype, hidden, "sm_90a"))
     assert loads == plan.vecs_per_thread * (1 + plan.vec * 4 // 16)  # 16 bytes of X, fp32 W in 16-byte loads
     assert late == 0
@@ -601,7 +612,8 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
 
 
 @pytest.mark.parametrize("hidden,line", [
-    (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers"),
+    (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers, launch bound 8 "
+           "CTAs/SM"),
     (4096, "kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, 1 row/CTA, X staged in shared memory"),
     (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 16 rows/CTA, X in registers"),
     (1536, "kernel: vector 8 x 16-bit, 96 threads/row x 2 vectors, 1 row/CTA, X in registers, launch bound 8 CTAs/SM"),
