@@ -323,8 +323,8 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 # registers in the plans of rows up to 2 KB and of hidden 1536 (96 threads, 2
 # vectors each) by issuing W's loads only once X has arrived, which undoes "W
 # first"; a launch bound of min_ctas_per_sm CTAs per SM raises their register
-# budget and they keep them first. The other rows of 2-3 KB issue W first
-# without one and ran slower with it (benchmarks/NOTES.md, fifth and sixth
+# budget and they keep them first. The other rows of 2-3 KB got no earlier
+# loads from one and ran slower with it (benchmarks/NOTES.md, fifth and sixth
 # passes), hence a line for rows of exactly 3 KB.
 @dataclass(frozen=True)
 class RowPlan:
