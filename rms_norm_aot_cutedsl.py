@@ -79,7 +79,7 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
                                   plans_by_tokens=False).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, clusters=False)
+    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, sm90=False)
 
 
 def aot_launch_dims(plan, num_tokens):
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
         counts = sample.token_counts(args)
         print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, clusters=False).describe())
+        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, sm90=False).describe())
         with sample.tensorrt_stage("execution context"):
             correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
                                            args.weight_dtype)

@@ -6,7 +6,8 @@ What you will learn
 -------------------
 * How to write a memory-bound CuteDSL kernel (``@cute.kernel``) that reads every
   byte once with 128-bit vector accesses, reduces in FP32 and casts on store,
-  and stages mid-size rows in shared memory with ``cp.async``; every shape
+  and stages mid-size rows in shared memory with ``cp.async`` (whole rows with
+  Hopper's ``cp.async.bulk`` and an mbarrier where that pays); every shape
   decision reaches it as one frozen ``KernelPlan``, a compile-time value, and
   the launcher picks one of up to four plans from the token count at run time;
   for a few long rows, a thread-block cluster shares each row.
@@ -312,13 +313,15 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 #   few   at most FEW_TOKENS rows: about one row per SM, one DRAM round trip with
 #         nothing to overlap it, so the shortest chain wins: X in registers and
 #         W requested with it, few_tokens_vecs vectors per thread;
-#   mid   more than MID_TOKENS[0], at most MID_TOKENS[1] rows: a few rows per SM,
-#         which would all load at once and then all store at once; a CTA that
-#         stages two rows up front and normalizes them in turn stores the first
-#         while the second still arrives (W first, mid_tokens_vecs vectors per thread);
+#   mid   more than MID_TOKENS, at most mid[0] rows: a few rows per SM, which
+#         would all load at once and then all store at once; a CTA that stages
+#         two rows up front and normalizes them in turn stores the first while
+#         the second still arrives (W first, mid[1] vectors per thread). On sm_90+
+#         rows over BULK_ROW_BYTES come in by one bulk copy each, which also
+#         keeps rows of 20 KB and more ahead of their own plan up to 4096 rows;
 #   many  any other count, and wherever the column is 0: the line's own plan
-#         (over MID_TOKENS[1] rows split over cluster_ctas CTAs where the line
-#         names more than one; benchmarks/NOTES.md, fourth pass, says why).
+#         (over mid[0] rows split over cluster_ctas CTAs where the line names
+#         more than one; benchmarks/NOTES.md, fourth pass, says why).
 # ptxas, not the source, decides when a load is issued. Left to itself it saves
 # registers in the plans of rows up to 2 KB and of hidden 1536 (96 threads, 2
 # vectors each) by issuing W's loads only once X has arrived, which undoes "W
@@ -334,24 +337,24 @@ class RowPlan:
     early_weight: bool     # W loaded before the reduction (True) or after it
     min_cta_threads: int   # short rows are packed side by side until a CTA has this many threads
     few_tokens_vecs: int = 0
-    mid_tokens_vecs: int = 0
+    mid: tuple = (0, 0)      # (at most this many rows, vectors per thread) for the mid plan
     cluster: tuple = (0, 0)  # (at most this many rows, vectors per thread) for the cluster plan
-    cluster_ctas: int = 1    # over MID_TOKENS[1] rows, the line's own plan splits each row over this many CTAs
+    cluster_ctas: int = 1    # over mid[0] rows, the line's own plan splits each row over this many CTAs
     min_ctas_per_sm: int = 0  # a launch bound for the line's own plan (0: none; see above)
 
 
 ROW_PLANS = (
-    RowPlan(256, "registers", 2, False, 256),                    # tuned: rows of a few vectors: several per warp
-    RowPlan(2048, "registers", 2, True, 128, min_ctas_per_sm=8),  # tuned: latency-bound rows; keep W first
-    RowPlan(3071, "registers", 2, True, 128, 1),                 # tuned
-    RowPlan(3072, "registers", 2, True, 128, 1, min_ctas_per_sm=8),  # tuned: exactly 3 KB (hidden 1536): keep W first
-    RowPlan(4096, "registers", 2, True, 128),                    # tuned
-    RowPlan(8192, "shared", 2, True, 128, 2, 2),                 # tuned: bandwidth-bound rows from here on
-    RowPlan(15360, "shared", 4, True, 128, 4, 4),                # tuned
-    RowPlan(16384, "registers", 4, True, 128, 4, 4, (32, 4), 2),  # tuned: staged only for mid counts
-    RowPlan(20480, "shared", 4, False, 128, 4, 4, (32, 2)),      # tuned: long rows hold no W registers in Step 3
-    RowPlan(32767, "shared", 8, False, 128, 4, 4, (32, 4)),      # tuned
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, 4, (128, 4)),  # tuned: a staged 32 KB row: too few/SM
+    RowPlan(256, "registers", 2, False, 256),                                     # tuned: rows share warps
+    RowPlan(2048, "registers", 2, True, 128, min_ctas_per_sm=8),                  # tuned: latency-bound; keep W first
+    RowPlan(3071, "registers", 2, True, 128, 1),                                  # tuned
+    RowPlan(3072, "registers", 2, True, 128, 1, min_ctas_per_sm=8),               # tuned: exactly 3 KB: keep W first
+    RowPlan(4096, "registers", 2, True, 128),                                     # tuned
+    RowPlan(8192, "shared", 2, True, 128, 2, (1024, 2)),                          # tuned: bandwidth-bound from here on
+    RowPlan(15360, "shared", 4, True, 128, 4, (1024, 4)),                         # tuned
+    RowPlan(16384, "registers", 4, True, 128, 4, (1024, 4), (32, 4), 2),          # tuned: staged only for mid counts
+    RowPlan(20480, "shared", 4, False, 128, 4, (4096, 4), (32, 2)),               # tuned: no W registers in Step 3
+    RowPlan(32767, "shared", 8, False, 128, 4, (4096, 4), (32, 4)),               # tuned
+    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, 4, (4096, 4), (128, 4)),  # tuned: too few staged/SM
 )
 # MAX_HIDDEN (top of the file) is the longest row the last plan holds:
 # MAX_CTA_THREADS x 4 vectors of 8 fp16/bf16 elements. An fp32 row as long takes
@@ -359,8 +362,9 @@ ROW_PLANS = (
 # (tests/test_kernel_compile.py checks both).
 CLUSTER_CTAS = 4          # tuned: CTAs, on as many SMs, that share one row in the cluster plan
 FEW_TOKENS = 128          # tuned: calls of at most this many rows run the few-token plan
-MID_TOKENS = (384, 1024)  # tuned: calls of more than the first and at most the second run the mid plan
+MID_TOKENS = 384          # tuned: calls of more rows than this, up to the line's mid[0], run the mid plan
 ROWS_IN_SEQUENCE = 2      # rows each CTA of the mid plan normalizes in turn
+BULK_ROW_BYTES = 8192     # tuned: on sm_90+ the mid plan's rows longer than this arrive by one bulk copy each
 
 
 @dataclass(frozen=True)
@@ -379,10 +383,11 @@ class KernelPlan:
     rows_in_sequence: int = 1  # rows each row slot of a CTA normalizes one after another (staged plans only)
     cluster_ctas: int = 1      # CTAs one row is split over, a thread-block cluster (sm_90+); threads_per_row counts all
     min_ctas_per_sm: int = 0   # a launch bound: ptxas budgets registers so that this many CTAs fit on an SM (0: none)
+    bulk_copy: bool = False    # staged rows arrive by one cp.async.bulk each (sm_90+), counted in by an mbarrier
 
     def __post_init__(self):
-        if self.rows_in_sequence > 1 and not self.stage_x:
-            raise ValueError("rows in sequence overlap only through cp.async: the plan must stage X")
+        if (self.rows_in_sequence > 1 or self.bulk_copy) and not self.stage_x:
+            raise ValueError("rows in sequence and bulk copies go through shared memory: the plan must stage X")
         if self.cluster_ctas > 1 and (self.stage_x or self.rows_per_cta > 1
                                       or self.threads_per_row % (WARP_THREADS * self.cluster_ctas)):
             raise ValueError("a row split over a cluster keeps X in registers, one row per CTA, whole warps per CTA")
@@ -422,9 +427,11 @@ class KernelPlan:
     @property
     def shared_memory_bytes(self) -> int:
         """Dynamic shared memory per CTA, in the kernel's allocation order: the staged
-        rows (if any), one FP32 sum per warp of each row (if a row spans warps), and
-        over a cluster the 8-byte mbarrier that counts the sums arriving."""
+        rows (if any) and, with bulk copies, one 8-byte mbarrier per row in sequence
+        (padded to 16 bytes for what follows); one FP32 sum per warp of each row (if a
+        row spans warps); over a cluster the 8-byte mbarrier that counts the sums arriving."""
         staged = self.cta_rows * self.hidden * self.elem_bytes if self.stage_x else 0
+        staged += 16 * math.ceil(self.rows_in_sequence / 2) if self.bulk_copy else 0
         sums = 4 * self.warps_per_row * self.rows_per_cta * self.sum_buffers
         return staged + (sums if self.warps_per_row > 1 else 0) + (8 if self.cluster_ctas > 1 else 0)
 
@@ -435,6 +442,7 @@ class KernelPlan:
         sequence = f"q{self.rows_in_sequence}" if self.rows_in_sequence > 1 else ""
         sequence += f"c{self.cluster_ctas}" if self.cluster_ctas > 1 else ""
         sequence += f"m{self.min_ctas_per_sm}" if self.min_ctas_per_sm else ""
+        sequence += "b" if self.bulk_copy else ""
         return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}{sequence}"
                 f"k{self.vecs_per_thread}_w{weight}_{'smem' if self.stage_x else 'regs'}")
 
@@ -449,6 +457,7 @@ class KernelPlan:
     def describe(self) -> str:
         """One line for a reader: which way the kernel holds a row, and how the row is split."""
         where = "X staged in shared memory" if self.stage_x else "X in registers"
+        where += " by bulk copy" if self.bulk_copy else ""
         rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
         if self.rows_in_sequence > 1:
             rows = f"{self.cta_rows} rows/CTA in turn"
@@ -481,7 +490,7 @@ def row_plan(hidden: int, elem_bytes: int) -> RowPlan:
     return next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
 
 
-def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None, clusters: bool = True) -> KernelPlan:
+def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None, sm90: bool = True) -> KernelPlan:
     """Choose vector width and thread split for a row of ``hidden`` elements.
 
     The row's size in bytes picks a line of ROW_PLANS: short rows are
@@ -489,9 +498,10 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     and stage X in shared memory, where cp.async holds no register while the
     bytes arrive, so more rows fit on an SM (the table says which do not).
     ``num_tokens`` gives the plan the launcher runs for a call of that many rows
-    (None: the plan for many rows); ``clusters=False`` (GPUs before sm_90) leaves
-    clusters out. A few- or mid-token plan needs at most 512 threads per row, a
-    cluster plan 1024 and 16-byte vectors, else the line's own plan serves the count.
+    (None: the plan for many rows); ``sm90=False`` (GPUs before sm_90, or a launch
+    without cluster dimensions) leaves out clusters and bulk copies. A few- or
+    mid-token plan needs at most 512 threads per row, a cluster plan 1024 and
+    16-byte vectors, else the line's own plan serves the count.
     """
     row = row_plan(hidden, elem_bytes)
     vec = VECTOR_BYTES // elem_bytes
@@ -500,19 +510,19 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     num_vecs = hidden // vec
     whole_vectors = vec * elem_bytes == VECTOR_BYTES  # what cp.async.cg copies, and what the clusters were tuned on
     # Shorter vectors would spread a row over a cluster in up to 64 warps, each adding to Step 3c's chain.
-    clusters = clusters and whole_vectors
+    clusters = sm90 and whole_vectors
     rows = math.inf if num_tokens is None else num_tokens
     x_in, vecs, early_weight, in_sequence = row.x_in, row.vecs_per_thread, row.early_weight, 1
     bound = row.min_ctas_per_sm  # the launch bound belongs to the line's own plan only
-    ctas = row.cluster_ctas if clusters and rows > MID_TOKENS[1] else 1
+    ctas = row.cluster_ctas if clusters and rows > row.mid[0] else 1
     # (X in, vectors per thread, rows in sequence, CTAs per row) of the plan for this count, if the line has one
     by_count = ("registers", 0, 1, 1)
     if clusters and rows <= row.cluster[0]:
         by_count = ("registers", row.cluster[1], 1, CLUSTER_CTAS)
     elif rows <= FEW_TOKENS:
         by_count = ("registers", row.few_tokens_vecs, 1, 1)
-    elif MID_TOKENS[0] < rows <= MID_TOKENS[1] and whole_vectors:
-        by_count = ("shared", row.mid_tokens_vecs, ROWS_IN_SEQUENCE, 1)
+    elif MID_TOKENS < rows <= row.mid[0] and whole_vectors:
+        by_count = ("shared", row.mid[1], ROWS_IN_SEQUENCE, 1)
     # Each holds W's registers next to X's through the reduction; at 1024 threads per CTA (64 registers each)
     # that would spill, and the mid plan would stage two rows of up to 128 KB each. A row over a cluster keeps
     # to 1024 threads, so Step 3c adds at most 32 warp sums, as in one CTA.
@@ -524,18 +534,20 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
                       stage_x=x_in == "shared" and whole_vectors, rows_in_sequence=in_sequence, cluster_ctas=ctas,
-                      min_ctas_per_sm=bound)
+                      min_ctas_per_sm=bound,
+                      bulk_copy=sm90 and in_sequence > 1 and hidden * elem_bytes > BULK_ROW_BYTES)
 
 
-def token_schedule(hidden: int, elem_bytes: int = 2, clusters: bool = True) -> tuple:
+def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple:
     """The launcher's table: ((plan, ((fewer, most), ...)), ...), each distinct plan with the token counts it
     serves, more than ``fewer`` and at most ``most`` rows (None: no bound)."""
-    cluster_tokens = row_plan(hidden, elem_bytes).cluster[0] if clusters else 0
-    bounds = sorted({FEW_TOKENS, *MID_TOKENS, cluster_tokens} - {0})
+    row = row_plan(hidden, elem_bytes)
+    cluster_tokens = row.cluster[0] if sm90 else 0
+    bounds = sorted({FEW_TOKENS, MID_TOKENS, row.mid[0], cluster_tokens} - {0})
     ranges = list(zip([None] + bounds, bounds + [None]))
     schedule: dict = {}
     for fewer, most in ranges:
-        counts = schedule.setdefault(plan_kernel(hidden, elem_bytes, most, clusters), [])
+        counts = schedule.setdefault(plan_kernel(hidden, elem_bytes, most, sm90), [])
         if counts and counts[-1][1] == fewer:  # one range where two meet
             fewer = counts.pop()[0]
         counts.append((fewer, most))
@@ -580,6 +592,12 @@ def copy_vectors(t: Int32, plan: cutlass.Constexpr, *copies, weight=None, atom=N
                         cute.copy(atom, vector_of(src, k, j), vector_of(dst, k, j))
                     else:
                         cute.autovec_copy(vector_of(src, k, j), vector_of(dst, k, j))
+
+
+def whole_row(tensor, r):
+    """Row r of X or of sX as one run of hidden elements: a bulk copy of it is one instruction, not one per vector."""
+    row = tensor[r, None, None]
+    return cute.make_tensor(row.iterator, cute.make_layout(cute.size(row)))
 
 
 @cute.kernel
@@ -627,21 +645,43 @@ def rms_norm_kernel(
     tWrW.fill(0.0)
     early_w = (mW, tWrW) if cutlass.const_expr(plan.early_weight) else None
     if cutlass.const_expr(plan.stage_x):
-        # Staged: X goes to shared memory by cp.async.cg (16 bytes per copy, L2
-        # only) while W is loaded; no register waits for X's bytes from DRAM.
-        # All of the slot's rows are requested up front, one commit group each,
-        # and row i waits below for its own group only: the next row's bytes keep
-        # arriving while this one is reduced and stored. Each thread waits for
-        # its own copies only, so no barrier is needed.
+        # Staged: X goes to shared memory while W is loaded; no register waits for
+        # X's bytes from DRAM. All of the CTA's rows are requested up front, and row
+        # i waits below for its own bytes only: the next row keeps arriving while
+        # this one is reduced and stored. Slot s of sX holds the CTA's row s.
         sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.cta_rows, vec, plan.num_vecs),
                                                                     stride=(hidden, 1, vec)), 16)
-        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
-                                  num_bits_per_copy=VECTOR_BYTES * 8)
-        for i in cutlass.range_constexpr(plan.rows_in_sequence):
-            row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta
-            if row < num_tokens:
-                copy_vectors(t, plan, ((mX, row), (sX, slot), True), atom=g2s)
-            cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(plan.bulk_copy):
+            # One thread hands each row to the copy engine whole (cp.async.bulk,
+            # sm_90+), and an mbarrier for each row in sequence counts its bytes in;
+            # no thread spends instructions on X's addresses.
+            rows_in = smem.allocate_array(cutlass.Int64, plan.rows_in_sequence)
+            if tidx == 0:
+                for i in cutlass.range_constexpr(plan.rows_in_sequence):
+                    cute.arch.mbarrier_init(rows_in + i, 1)  # one arrival: thread 0's, with the bytes to expect
+                cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()  # no thread waits on an mbarrier before thread 0 has set it up
+            if tidx == 0:
+                bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), mX.element_type)
+                for i in cutlass.range_constexpr(plan.rows_in_sequence):
+                    first = first_row + i * plan.rows_per_cta  # this thread's row_in_cta is 0
+                    rows_here = cutlass.max(cutlass.min(num_tokens - first, plan.rows_per_cta), 0)
+                    cute.arch.mbarrier_arrive_and_expect_tx(rows_in + i, rows_here * (hidden * plan.elem_bytes))
+                    for r in cutlass.range_constexpr(plan.rows_per_cta):
+                        if first + r < num_tokens:
+                            cute.copy(bulk, whole_row(mX, first + r), whole_row(sX, i * plan.rows_per_cta + r),
+                                      mbar_ptr=rows_in + i)
+        else:
+            # Each thread copies its own vectors by cp.async.cg (16 bytes per copy,
+            # L2 only), one commit group per row, and later waits for its own copies
+            # only, so no barrier is needed.
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
+                                      num_bits_per_copy=VECTOR_BYTES * 8)
+            for i in cutlass.range_constexpr(plan.rows_in_sequence):
+                row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta
+                if row < num_tokens:
+                    copy_vectors(t, plan, ((mX, row), (sX, slot), True), atom=g2s)
+                cute.arch.cp_async_commit_group()
         copy_vectors(t, plan, weight=early_w)
     if cutlass.const_expr(plan.warps_per_row > 1):
         sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta,
@@ -660,9 +700,12 @@ def rms_norm_kernel(
         row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta  # slot: the row's place in sX
         row_ok = row < num_tokens  # the last CTA's spare rows read no X and store nothing
         if cutlass.const_expr(plan.stage_x):
-            # cp.async groups complete in the order they were committed: once no more
-            # groups are pending than rows after this one, this row is in shared memory.
-            cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
+            if cutlass.const_expr(plan.bulk_copy):
+                cute.arch.mbarrier_wait(rows_in + i, 0)  # phase 0 ends once this row's bytes are all in
+            else:
+                # cp.async groups complete in the order they were committed: once no more
+                # groups are pending than rows after this one, this row is in shared memory.
+                cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
             if row_ok:
                 copy_vectors(t, plan, ((sX, slot), tXrX, True))
         else:
@@ -787,8 +830,8 @@ def rms_norm_launch(
             launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
 
 
-def has_clusters(arch: str) -> bool:
-    """Whether a compile target such as "sm_90a" has thread-block clusters (sm_90 and newer)."""
+def is_sm90(arch: str) -> bool:
+    """Whether a compile target such as "sm_90a" is sm_90 or newer: it has thread-block clusters and bulk copies."""
     return int(arch.removeprefix("sm_").rstrip("af")) >= 90
 
 
@@ -808,7 +851,7 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
 
     The cache key is exactly what the compiled code bakes in: both dtypes, hidden,
     epsilon (as the float32 the kernel uses), the GPU architecture and whether the
-    plans by token count are in (the cluster plan only where ``arch`` has clusters).
+    plans by token count are in (clusters and bulk copies only where ``arch`` is sm_90+).
     ``arch`` (e.g. ``"sm_90a"``) compiles without a GPU;
     ``None`` targets the current GPU. ``keep_ptx=True`` bypasses the cache and
     returns a fresh compilation whose ``__ptx__`` holds the PTX text (one kernel
@@ -823,8 +866,8 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     plan_kernel(hidden, DTYPES[dtype].bytes)  # a clear ValueError before any tracing
     epsilon = validate_epsilon(epsilon)
     arch = arch or gpu_arch()
-    schedule = (token_schedule(hidden, DTYPES[dtype].bytes, clusters=has_clusters(arch)) if plans_by_tokens
-                else ((plan_kernel(hidden, DTYPES[dtype].bytes, clusters=False), ((None, None),)),))
+    schedule = (token_schedule(hidden, DTYPES[dtype].bytes, sm90=is_sm90(arch)) if plans_by_tokens
+                else ((plan_kernel(hidden, DTYPES[dtype].bytes, sm90=False), ((None, None),)),))
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
         if keep_ptx or key not in _COMPILED:
@@ -1534,7 +1577,7 @@ def main(args: argparse.Namespace) -> int:
         counts = token_counts(args)  # all through one execution context
         print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
               f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-        schedule = token_schedule(args.hidden_dim, DTYPES[args.dtype].bytes, has_clusters(arch))
+        schedule = token_schedule(args.hidden_dim, DTYPES[args.dtype].bytes, is_sm90(arch))
         for plan, counts in schedule:  # the plan the kernel was compiled with, for each range of token counts
             spans = ", ".join(f"{(fewer or 0) + 1}-{most or ''}" for fewer, most in counts)
             print(plan.describe() if len(schedule) == 1 else f"{spans} tokens: {plan.describe()}")

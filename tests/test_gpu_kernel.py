@@ -7,9 +7,10 @@ import rms_norm_plugin_cutedsl as sample
 
 pytestmark = pytest.mark.gpu
 
-# Both sides of each boundary between token plans (cluster plans up to 32 or 128, FEW_TOKENS 128, MID_TOKENS
-# 384-1024); odd counts leave the mid plan's last CTA a spare second row.
-TOKENS = [1, 2, 32, 33, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4096]  # 16 KB rows: 2 CTAs from 1025
+# Both sides of each boundary between token plans (cluster plans up to 32 or 128, FEW_TOKENS 128, mid plans from
+# MID_TOKENS 384 to 1024 or, for rows of 20 KB and more, 4096; 16 KB rows over 2 CTAs from 1025); odd counts leave
+# the mid plan's last CTA a spare second row.
+TOKENS = [1, 2, 32, 33, 37, 128, 129, 384, 385, 511, 512, 1023, 1024, 1025, 4095, 4096, 4097]
 # 2056-6144: 16-bit X staged; 9216: a ragged cluster plan (576 threads' worth of vectors over 640)
 HIDDEN = [1, 8, 100, 256, 1000, 1024, 2056, 2560, 4096, 5120, 6144, 8192, 9216, 10240, 12288, 16384]
 # Every X x W combination; Y has X's dtype.
@@ -60,7 +61,7 @@ def test_largest_supported_hidden(tokens, dtype, w_dtype):
 def test_launcher_runs_the_plan_for_the_token_count(hidden):
     """The kernel that runs, by its name (which carries its plan), on both sides of every boundary: the cluster
     plan up to the line's count (32, or 128 for 32 KB rows), the few-token plan up to FEW_TOKENS rows, the mid
-    plan above MID_TOKENS[0] and up to MID_TOKENS[1], the many-token plan otherwise."""
+    plan above MID_TOKENS and up to the line's mid[0], the many-token plan otherwise."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -77,9 +78,9 @@ def test_launcher_runs_the_plan_for_the_token_count(hidden):
             pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
         return names
 
-    lo, hi = sample.MID_TOKENS
+    lo, hi = sample.MID_TOKENS, sample.row_plan(hidden, 2).mid[0] or 1024  # 1536: no mid plan; 1024 still a count
     counts = [1, 32, 33, sample.FEW_TOKENS, sample.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
-    expected = {n: sample.plan_kernel(hidden, 2, n, clusters=sample.has_clusters(sample.gpu_arch())) for n in counts}
+    expected = {n: sample.plan_kernel(hidden, 2, n, sm90=sample.is_sm90(sample.gpu_arch())) for n in counts}
     assert len(set(expected.values())) >= 2
     for tokens, plan in expected.items():
         assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)

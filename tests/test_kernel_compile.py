@@ -33,8 +33,8 @@ def ptx_of(dtype, hidden, arch, w_dtype="float32", plans_by_tokens=False):
 
 def plans_of(hidden, elem_bytes=2):
     """The distinct plans the launcher holds on sm_90a: for 1 row (cluster or few), for FEW_TOKENS rows (few,
-    or the cluster plan where it serves up to 128 rows), for MID_TOKENS rows (mid) and for many."""
-    return {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, sample.FEW_TOKENS, sample.MID_TOKENS[1], None)}
+    or the cluster plan where it serves up to 128 rows), for 1024 rows (mid, where the line has one) and for many."""
+    return {sample.plan_kernel(hidden, elem_bytes, n) for n in (1, sample.FEW_TOKENS, 1024, None)}
 
 
 def entries(ptx):
@@ -166,7 +166,7 @@ def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_v
 def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, elem_bytes):
     """What the AOT launch asks TensorRT for: hidden * element bytes per staged row, 4 per warp of a
     multi-warp row (the AOT flavor's plan has no cluster)."""
-    plan = sample.plan_kernel(hidden, elem_bytes, clusters=False)
+    plan = sample.plan_kernel(hidden, elem_bytes, sm90=False)
     rows = plan.rows_per_cta
     staged = rows * hidden * elem_bytes if plan.stage_x else 0
     warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
@@ -181,15 +181,19 @@ def test_the_mid_plan_stages_two_rows_and_two_sets_of_warp_sums(hidden, elem_byt
     dynamic shared memory (cutlass_dsl/cutlass.py, _generate_cuda_kernel_op); the AOT flavor never runs it."""
     plan = sample.plan_kernel(hidden, elem_bytes, 512)
     assert plan.rows_in_sequence == 2 and plan.stage_x and plan.rows_per_cta == 1
-    assert plan.shared_memory_bytes == 2 * hidden * elem_bytes + 2 * 4 * (plan.threads_per_row // 32)
+    barriers = 16 if hidden * elem_bytes > 8192 else 0  # two 8-byte mbarriers where the rows come by bulk copy
+    assert plan.shared_memory_bytes == 2 * hidden * elem_bytes + barriers + 2 * 4 * (plan.threads_per_row // 32)
     assert plan.shared_memory_bytes <= 64 * 1024 + 1024
     assert [plan.grid(n) for n in (385, 512, 1023, 1024)] == [193, 256, 512, 512]
 
 
-def test_rows_in_sequence_need_a_staged_plan():
-    """Only cp.async lets the next row arrive while this one is normalized; a registers plan is refused."""
+def test_rows_in_sequence_and_bulk_copies_need_a_staged_plan():
+    """Only copies into shared memory let the next row arrive while this one is normalized; a registers plan is
+    refused, and so is a bulk copy, which writes only to shared memory."""
     with pytest.raises(ValueError, match="stage X"):
         sample.KernelPlan(4096, 2, 8, 256, 1, 2, early_weight=True, stage_x=False, rows_in_sequence=2)
+    with pytest.raises(ValueError, match="stage X"):
+        sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=False, bulk_copy=True)
 
 
 ON_CHIP_CASES = (
@@ -271,7 +275,7 @@ FEW_TOKEN_PLANS = [
 def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
     """The few-token plan, as GPUs without clusters run it for every count up to FEW_TOKENS."""
     many = sample.plan_kernel(hidden, elem_bytes)
-    plans = {sample.plan_kernel(hidden, elem_bytes, n, clusters=False) for n in (1, 37, sample.FEW_TOKENS)}
+    plans = {sample.plan_kernel(hidden, elem_bytes, n, sm90=False) for n in (1, 37, sample.FEW_TOKENS)}
     assert len(plans) == 1
     (plan,) = plans
     if few is None:
@@ -282,20 +286,22 @@ def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
     assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1 and plan.vec == many.vec
 
 
-# (hidden, bytes per element) -> (threads per row, vectors per thread) of the plan for more than MID_TOKENS[0]
-# and at most MID_TOKENS[1] rows, written from ROW_PLANS' lines; None where the many-token plan serves them.
+# (hidden, bytes per element) -> (most rows, threads per row, vectors per thread) of the plan for more than
+# MID_TOKENS (384) rows, written from ROW_PLANS' lines; None where the many-token plan serves them.
 MID_TOKEN_PLANS = [
-    (100, 2, None),          # registers lines have no mid plan
+    (100, 2, None),                 # registers lines have no mid plan
     (1536, 2, None),
-    (2052, 2, None),         # 8 KB line, but 8-byte vectors (2052 % 8 == 4): nothing to stage by cp.async.cg
-    (4096, 2, (256, 2)),
-    (5120, 2, (160, 4)),
-    (8192, 2, (256, 4)),     # the 16 KB line keeps X in registers for many rows, stages it here
-    (10240, 2, (320, 4)),
-    (12288, 2, (384, 4)),    # many rows: 192 threads x 8 vectors
-    (16384, 2, (512, 4)),
-    (32768, 2, None),        # 1024 threads: two staged 64 KB rows per CTA would be too much
-    (2048, 4, (256, 2)),     # fp32 X: 8 KB rows, 512 vectors of 4
+    (2052, 2, None),                # 8 KB line, but 8-byte vectors (2052 % 8 == 4): nothing to stage by cp.async.cg
+    (4096, 2, (1024, 256, 2)),
+    (5120, 2, (1024, 160, 4)),
+    (8192, 2, (1024, 256, 4)),      # the 16 KB line keeps X in registers for many rows, stages it here
+    (8200, 2, (4096, 288, 4)),      # 20 KB line: 1025 vectors, 257 threads' worth -> 288 threads
+    (10240, 2, (4096, 320, 4)),
+    (12288, 2, (4096, 384, 4)),     # many rows: 192 threads x 8 vectors
+    (16384, 2, (4096, 512, 4)),
+    (32768, 2, None),               # 1024 threads: two staged 64 KB rows per CTA would be too much
+    (2048, 4, (1024, 256, 2)),      # fp32 X: 8 KB rows, 512 vectors of 4
+    (8192, 4, (4096, 512, 4)),      # fp32 X: 32 KB rows
     (16384, 4, None),
 ]
 
@@ -303,15 +309,16 @@ MID_TOKEN_PLANS = [
 @pytest.mark.parametrize("hidden, elem_bytes, mid", MID_TOKEN_PLANS)
 def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes, mid):
     many = sample.plan_kernel(hidden, elem_bytes)
-    lo, hi = sample.MID_TOKENS
-    assert all(sample.plan_kernel(hidden, elem_bytes, n).rows_in_sequence == 1 for n in (lo, hi + 1))
-    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (lo + 1, 512, hi)}
+    assert sample.MID_TOKENS == 384
+    most = mid[0] if mid else 1024
+    assert all(sample.plan_kernel(hidden, elem_bytes, n).rows_in_sequence == 1 for n in (384, most + 1))
+    plans = {sample.plan_kernel(hidden, elem_bytes, n) for n in (385, 512, most)}
     assert len(plans) == 1
     (plan,) = plans
     if mid is None:
         assert plan == many
         return
-    assert (plan.threads_per_row, plan.vecs_per_thread) == mid
+    assert (plan.threads_per_row, plan.vecs_per_thread) == mid[1:]
     assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
 
 
@@ -405,7 +412,7 @@ def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
     assert len(names) == kernels == len(plans_of(hidden))
     assert all(sum(f"_{plan}_" in name for name in names) == 1 for plan in plans_of(hidden))
     (alone,) = entries(ptx_of("float16", hidden, "sm_90a"))
-    assert f"_{sample.plan_kernel(hidden, clusters=False)}_" in alone
+    assert f"_{sample.plan_kernel(hidden, sm90=False)}_" in alone
 
 
 # (hidden, bytes per element) -> (most rows, threads per row, vectors per thread) of the cluster plan, written
@@ -446,13 +453,13 @@ def test_few_rows_of_16_kb_and_more_are_split_over_a_cluster(hidden, elem_bytes,
     assert [plan.grid(n) for n in (1, 7, most)] == [4, 28, 4 * most]
     assert plan.shared_memory_bytes == 4 * threads // 32 + 8  # every warp's sum of the row, and the mbarrier
     assert sample.plan_kernel(hidden, elem_bytes, most + 1).cluster_ctas == 1
-    assert sample.plan_kernel(hidden, elem_bytes, 1, clusters=False).cluster_ctas == 1
+    assert sample.plan_kernel(hidden, elem_bytes, 1, sm90=False).cluster_ctas == 1
 
 
 def test_the_16_kb_line_splits_many_rows_over_two_ctas():
     """Its own plan, 256 threads x 4 vectors with W first and X in registers, over a cluster of two 128-thread
-    CTAs for more than MID_TOKENS[1] rows on sm_90 and newer; one CTA per row for 33-384 rows, before sm_90 and
-    for the AOT flavor; no other line splits many rows."""
+    CTAs for more than 1024 rows (its mid plan's most) on sm_90 and newer; one CTA per row for 33-384 rows, before
+    sm_90 and for the AOT flavor; no other line splits many rows."""
     plan = sample.plan_kernel(8192, 2)
     assert (plan.cluster_ctas, plan.threads_per_row, plan.cta_threads, plan.vecs_per_thread) == (2, 256, 128, 4)
     assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1
@@ -462,7 +469,7 @@ def test_the_16_kb_line_splits_many_rows_over_two_ctas():
     assert unsplit == {sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=False)}
     assert sample.plan_kernel(4096, 4) == sample.KernelPlan(4096, 4, 4, 256, 1, 4, early_weight=True, stage_x=False,
                                                             cluster_ctas=2)  # fp32 X: also 16 KB rows
-    assert sample.plan_kernel(8192, 2, clusters=False).cluster_ctas == 1
+    assert sample.plan_kernel(8192, 2, sm90=False).cluster_ctas == 1
     assert all(sample.plan_kernel(h, 2).cluster_ctas == 1 for h in (1024, 4096, 7680, 8200, 12288, 16384, 32768))
 
 
@@ -476,16 +483,16 @@ def test_a_cluster_needs_registers_one_row_per_cta_and_whole_warps_per_cta():
 def test_the_schedule_gives_every_token_count_one_plan():
     """token_schedule's ranges tile the counts from 1 up, without overlap, each to the plan plan_kernel gives."""
     for hidden, elem_bytes in [(1024, 2), (1536, 2), (4096, 2), (8192, 2), (12288, 2), (16384, 2), (16384, 4)]:
-        for clusters in (True, False):
-            schedule = sample.token_schedule(hidden, elem_bytes, clusters)
+        for sm90 in (True, False):
+            schedule = sample.token_schedule(hidden, elem_bytes, sm90)
             for n in [1, 2, 31, 32, 33, 127, 128, 129, 384, 385, 1024, 1025, 5000]:
                 hits = [plan for plan, counts in schedule
                         for fewer, most in counts if (fewer is None or n > fewer) and (most is None or n <= most)]
-                assert hits == [sample.plan_kernel(hidden, elem_bytes, n, clusters)], (hidden, n, clusters)
+                assert hits == [sample.plan_kernel(hidden, elem_bytes, n, sm90)], (hidden, n, sm90)
 
 
 def test_compile_targets_before_sm_90_get_no_cluster():
-    assert [sample.has_clusters(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120f")] \
+    assert [sample.is_sm90(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120f")] \
         == [False, False, False, True, True, True, True]
     names = list(entries(ptx_of("float16", 16384, "sm_80", plans_by_tokens=True)))
     assert not any("c4k" in name for name in names) and len(names) == 3
@@ -518,12 +525,13 @@ def test_the_cluster_plan_adds_the_warp_sums_across_the_cluster(hidden):
     assert "bar.sync" not in ptx and "barrier.sync" not in ptx
 
 
-@pytest.mark.parametrize("hidden", [4096, 12288])
+@pytest.mark.parametrize("hidden", [2056, 4096])
 def test_the_mid_plan_stores_its_first_row_before_waiting_for_the_second(hidden):
     """The point of the mid plan: both rows are requested up front (2 x vecs_per_thread 16-byte cp.async, one
     commit group each), row 1 waits for its own group only (wait_group 1), and its stores are issued before
     the wait for row 2 (wait_group 0)."""
     mid = sample.plan_kernel(hidden, 2, 512)
+    assert not mid.bulk_copy
     (ptx,) = (text for name, text in entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)).items()
               if f"_{mid}_" in name)
     copies = [m.start() for m in re.finditer(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16\b", ptx)]
@@ -535,6 +543,55 @@ def test_the_mid_plan_stores_its_first_row_before_waiting_for_the_second(hidden)
     stores = [m.start() for m in re.finditer(r"st\.global\.v4\.b32", ptx)]
     assert len(stores) == 2 * mid.vecs_per_thread
     assert first_wait < min(stores) and sorted(stores)[mid.vecs_per_thread - 1] < last_wait
+
+
+# (hidden, bytes per element) -> whether the mid plan's rows arrive by bulk copy on sm_90 and newer: rows of more
+# than 8 KB (BULK_ROW_BYTES) only; None where the line has no mid plan.
+MID_BULK = [
+    (1536, 2, None),
+    (4096, 2, False),   # exactly 8 KB
+    (4104, 2, True),    # 8208 bytes
+    (5120, 2, True),
+    (8192, 2, True),
+    (16384, 2, True),
+    (2048, 4, False),   # fp32 X: 8 KB
+    (2056, 4, True),
+    (8192, 4, True),
+]
+
+
+@pytest.mark.parametrize("hidden, elem_bytes, bulk", MID_BULK)
+def test_mid_plan_rows_over_8_kb_arrive_by_one_bulk_copy_each_on_sm_90(hidden, elem_bytes, bulk):
+    """Only the mid plan, only on sm_90 and newer (cp.async.bulk needs it), only for rows over 8 KB."""
+    mid = sample.plan_kernel(hidden, elem_bytes, 512)
+    assert mid.rows_in_sequence == (1 if bulk is None else 2)
+    assert mid.bulk_copy is bool(bulk)
+    assert not sample.plan_kernel(hidden, elem_bytes, 512, sm90=False).bulk_copy
+    beyond = sample.row_plan(hidden, elem_bytes).mid[0] + 1  # MID_TOKEN_PLANS pins each line's mid[0]
+    assert not any(sample.plan_kernel(hidden, elem_bytes, n).bulk_copy for n in (1, 128, 384, beyond, None))
+
+
+@pytest.mark.parametrize("hidden", [5120, 12288])
+def test_the_bulk_mid_plan_copies_each_row_in_one_instruction_and_stores_row_1_before_waiting_for_row_2(hidden):
+    """Thread 0 sets up one mbarrier per row, a barrier makes them visible, thread 0 arms each with the row's
+    bytes and issues one cp.async.bulk per row (no per-vector cp.async), and row 1's stores come before the wait
+    for row 2. On sm_80 the same count runs the cp.async plan."""
+    mid = sample.plan_kernel(hidden, 2, 512)
+    (ptx,) = (text for name, text in entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)).items()
+              if f"_{mid}_" in name)
+    inits = [m.start() for m in re.finditer(r"mbarrier\.init\.shared(::cta)?\.b64", ptx)]
+    sync = ptx.index("bar.sync")
+    expects = [m.start() for m in re.finditer(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64", ptx)]
+    copies = [m.start() for m in re.finditer(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes",
+                                             ptx)]
+    waits = [m.start() for m in re.finditer(r"mbarrier\.try_wait\.parity\.shared(::cta)?\.b64", ptx)]
+    stores = sorted(m.start() for m in re.finditer(r"st\.global\.v4\.b32", ptx))
+    assert len(inits) == len(expects) == len(copies) == 2 and "cp.async.cg" not in ptx
+    assert max(inits) < sync < expects[0] < copies[0] < expects[1] < copies[1] < min(waits)
+    assert len(stores) == 2 * mid.vecs_per_thread
+    assert min(waits) < stores[0] and stores[mid.vecs_per_thread - 1] < max(waits) < stores[mid.vecs_per_thread]
+    before_sm90 = ptx_of("float16", hidden, "sm_80", plans_by_tokens=True)
+    assert "cp.async.bulk" not in before_sm90 and "cp.async.cg" in before_sm90
 
 
 @pytest.mark.parametrize("hidden", [100, 1000, 1024, 4096, 8192, 16384])
@@ -625,6 +682,8 @@ def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
 
 def test_the_mid_plan_describes_its_rows_in_turn():
     assert sample.plan_kernel(8192, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 4 vectors, "
+                                                          "2 rows/CTA in turn, X staged in shared memory by bulk copy")
+    assert sample.plan_kernel(4096, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, "
                                                           "2 rows/CTA in turn, X staged in shared memory")
 
 

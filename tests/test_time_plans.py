@@ -37,6 +37,9 @@ def test_a_spec_puts_rows_in_sequence(time_plans):
     plan = time_plans.parse_plan("t384k4sq2", 12288, 2)
     assert (plan.threads_per_row, plan.vecs_per_thread, plan.stage_x, plan.early_weight) == (384, 4, True, True)
     assert (plan.rows_per_cta, plan.rows_in_sequence, plan.cta_rows, plan.min_ctas_per_sm) == (1, 2, 2, 0)
+    assert not plan.bulk_copy
+    bulk = time_plans.parse_plan("t384k4sbq2", 12288, 2)
+    assert bulk.bulk_copy and (bulk.threads_per_row, bulk.vecs_per_thread, bulk.rows_in_sequence) == (384, 4, 2)
 
 
 @pytest.mark.parametrize("spec,hidden,why", [
@@ -45,6 +48,7 @@ def test_a_spec_puts_rows_in_sequence(time_plans):
     ("64k2", 1024, "not of the form"),
     ("t48k4", 1536, "whole warps"),        # 48 threads: Step 3b would sum one warp of the row's two
     ("t96k2q2", 1536, "needs s"),
+    ("t256k4b", 8192, "stage X"),          # a bulk copy writes to shared memory only
 ])
 def test_a_spec_that_cannot_serve_the_row_is_refused(time_plans, spec, hidden, why):
     with pytest.raises(ValueError, match=why):

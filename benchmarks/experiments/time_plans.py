@@ -6,6 +6,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 
     T threads per row, K vectors per thread,
     s  X staged in shared memory (needs 16-byte vectors),   l  W loaded after the reduction,
+    b  (with s) each row copied in by one cp.async.bulk, counted in by an mbarrier (sm_90+),
     rR R rows per CTA (default: enough rows for 128 threads),
     qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized once it is in),
     cC each row split over a cluster of C CTAs of T / C threads (X in registers, one row per CTA),
@@ -41,15 +42,15 @@ from cutlass import Float32, Int32  # noqa: E402
 
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
 
-SPEC = re.compile(r"t(\d+)k(\d+)(s?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d+))?$")
+SPEC = re.compile(r"t(\d+)k(\d+)(s?)(b?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d+))?$")
 
 
 def parse_plan(spec: str, hidden: int, elem_bytes: int):
     """The KernelPlan a spec such as t160k4sl names; ValueError if it cannot cover the row."""
     match = SPEC.match(spec)
     if not match:
-        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][l][rR][qQ][cC][mM]")
-    threads, vecs, staged, late, rows, sequence, cluster, min_ctas = match.groups()
+        raise ValueError(f"plan {spec!r} is not of the form tTkK[s][b][l][rR][qQ][cC][mM]")
+    threads, vecs, staged, bulk, late, rows, sequence, cluster, min_ctas = match.groups()
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
     if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
@@ -63,7 +64,7 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
     rows = int(rows) if rows else 1 if cluster else max(1, 128 // threads)
     plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
                              stage_x=bool(staged), rows_in_sequence=int(sequence or 1),
-                             cluster_ctas=int(cluster or 1), min_ctas_per_sm=int(min_ctas or 0))
+                             cluster_ctas=int(cluster or 1), min_ctas_per_sm=int(min_ctas or 0), bulk_copy=bool(bulk))
     return plan
 
 
