@@ -652,9 +652,9 @@ def rms_norm_kernel(
         sX = smem.allocate_tensor(mX.element_type, cute.make_layout((plan.cta_rows, vec, plan.num_vecs),
                                                                     stride=(hidden, 1, vec)), 16)
         if cutlass.const_expr(plan.bulk_copy):
-            # One thread hands each row to the copy engine whole (cp.async.bulk,
-            # sm_90+), and an mbarrier for each row in sequence counts its bytes in;
-            # no thread spends instructions on X's addresses.
+            # One thread hands each row whole to the SM's bulk-copy unit (TMA's
+            # cp.async.bulk, sm_90+), and an mbarrier for each row in sequence counts
+            # its bytes in; no thread spends instructions on X's addresses.
             rows_in = smem.allocate_array(cutlass.Int64, plan.rows_in_sequence)
             if tidx == 0:
                 for i in cutlass.range_constexpr(plan.rows_in_sequence):
