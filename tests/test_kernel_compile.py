@@ -485,7 +485,7 @@ def test_the_schedule_gives_every_token_count_one_plan():
     for hidden, elem_bytes in [(1024, 2), (1536, 2), (4096, 2), (8192, 2), (12288, 2), (16384, 2), (16384, 4)]:
         for sm90 in (True, False):
             schedule = sample.token_schedule(hidden, elem_bytes, sm90)
-            for n in [1, 2, 31, 32, 33, 127, 128, 129, 384, 385, 1024, 1025, 5000]:
+            for n in [1, 2, 31, 32, 33, 127, 128, 129, 384, 385, 1024, 1025, 4096, 4097, 5000]:
                 hits = [plan for plan, counts in schedule
                         for fewer, most in counts if (fewer is None or n > fewer) and (most is None or n <= most)]
                 assert hits == [sample.plan_kernel(hidden, elem_bytes, n, sm90)], (hidden, n, sm90)
