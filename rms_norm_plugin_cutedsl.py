@@ -365,6 +365,7 @@ FEW_TOKENS = 128          # tuned: calls of at most this many rows run the few-t
 MID_TOKENS = 384          # tuned: calls of more rows than this, up to the line's mid[0], run the mid plan
 ROWS_IN_SEQUENCE = 2      # rows each CTA of the mid plan normalizes in turn
 BULK_ROW_BYTES = 8192     # tuned: on sm_90+ the mid plan's rows longer than this arrive by one bulk copy each
+MID_BOUND = (480, 2)      # tuned: mid plans of at least 480 threads ask ptxas for 2 CTAs per SM (see plan_kernel)
 
 
 @dataclass(frozen=True)
@@ -531,6 +532,12 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
         x_in, vecs, in_sequence, ctas = by_count
         early_weight, bound = True, 0
     threads = threads_for(num_vecs, vecs, ctas)
+    if in_sequence > 1 and threads >= MID_BOUND[0]:
+        # Two such CTAs leave 64 registers per thread; ptxas may take a few more (66
+        # at hidden 15360) and fit only one CTA per SM, half the rows in flight
+        # (benchmarks/NOTES.md, seventh pass). Smaller mid-plan CTAs fit two anyway,
+        # and a bound there would only let ptxas spend more registers on them.
+        bound = MID_BOUND[1]
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
                       stage_x=x_in == "shared" and whole_vectors, rows_in_sequence=in_sequence, cluster_ctas=ctas,

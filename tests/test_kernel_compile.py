@@ -323,7 +323,8 @@ def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes
 
 
 # (hidden, bytes per element, token count) -> the launch bound (CTAs per SM) of the plan for that count, written
-# from ROW_PLANS: only the line's own plan for rows of exactly 3 KB has one.
+# from ROW_PLANS and MID_BOUND: the own plans of rows of 257 B to 2 KB and of exactly 3 KB, and mid plans of at
+# least 480 threads, have one.
 LAUNCH_BOUNDS = [
     (1536, 2, None, 8),      # 3 KB: 192 vectors fill 96 threads x 2 exactly
     (1536, 2, 4096, 8),
@@ -343,12 +344,44 @@ LAUNCH_BOUNDS = [
     (129, 2, None, 8),       # 258 B: the shortest rows of the 2 KB line
     (128, 2, None, 0),       # 256 B: rows of a few vectors, W after the reduction
     (8192, 2, None, 0),
+    (15360, 2, 512, 2),      # mid plan: 480 threads x 4 vectors
+    (15360, 2, 4096, 2),
+    (15360, 2, None, 0),     # its own plan: 256 threads x 8 vectors, W late
+    (14848, 2, 1024, 2),     # 1856 vectors: 464 threads' worth -> 480
+    (16384, 2, 512, 2),      # 512 threads
+    (14336, 2, 512, 0),      # 448 threads: two CTAs fit without a bound
+    (12288, 2, 512, 0),
+    (7680, 4, 512, 2),       # fp32 X: 480 threads x 4 vectors of 4
 ]
 
 
 @pytest.mark.parametrize("hidden, elem_bytes, tokens, bound", LAUNCH_BOUNDS)
-def test_launch_bounds_for_rows_up_to_2_kb_and_of_exactly_3_kb(hidden, elem_bytes, tokens, bound):
+def test_launch_bound_of_each_plan(hidden, elem_bytes, tokens, bound):
     assert sample.plan_kernel(hidden, elem_bytes, tokens).min_ctas_per_sm == bound
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
+@pytest.mark.parametrize("hidden, elem_bytes", [(5120, 2), (10240, 2), (12288, 2), (14336, 2), (14848, 2),
+                                                (15360, 2), (16384, 2), (7680, 4), (8192, 4)])
+def test_two_mid_plan_ctas_fit_on_an_sm(tmp_path, hidden, elem_bytes):
+    """A mid-plan CTA stages two rows and works on one while the other arrives; the SM needs a second CTA to
+    overlap that CTA's waits. ptxas -v of the mid kernel (sm_90a): registers and shared memory leave room for
+    two. Without the plan's bound, hidden 15360 took 66 registers at 480 threads and fit one."""
+    dtype = {2: "float16", 4: "float32"}[elem_bytes]
+    mid = sample.plan_kernel(hidden, elem_bytes, 512)
+    assert mid.rows_in_sequence == 2
+    path = tmp_path / "k.ptx"
+    path.write_text(ptx_of(dtype, hidden, "sm_90a", plans_by_tokens=True))
+    proc = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    reports = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?Used \d+ registers[^\n]*)", proc.stderr,
+                              flags=re.S))
+    (regs,) = (int(re.search(r"Used (\d+) registers", report)[1]) for name, report in reports.items()
+               if f"_{mid}_" in name)
+    ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * mid.cta_threads),
+                      228 * 1024 // (mid.shared_memory_bytes + 1024))
+    assert ctas_per_sm >= 2, f"{regs} registers x {mid.cta_threads} threads"
 
 
 @pytest.mark.parametrize("hidden, bounded", [(1536, 1), (1472, 0), (1000, 1), (100, 0)])
