@@ -63,11 +63,16 @@ def traffic_bytes(tokens, hidden, elem=2):
     return 2 * tokens * hidden * elem + 4 * hidden
 
 
+def median_ratio(times, base):
+    """The median over rounds of times[r] / base[r]: two implementations' per-round times from interleaved_rounds."""
+    return statistics.median(t / b for t, b in zip(times, base))
+
+
 def ratio(a, b):
     """a's time over b's (two records of one shape and dtype): the median of per-round ratios where both have rounds."""
     ra, rb = a.get("rounds_us"), b.get("rounds_us")
     if ra and rb and len(ra) == len(rb):
-        return statistics.median(x / y for x, y in zip(ra, rb))
+        return median_ratio(ra, rb)
     return a["us"] / b["us"]
 
 

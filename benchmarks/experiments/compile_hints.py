@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
-from bench_records import interleaved_rounds  # noqa: E402
+from bench_records import interleaved_rounds, median_ratio  # noqa: E402
 from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, parse_list, parse_shapes  # noqa: E402
 
 # Hints deleted from inductor's source: (policies, and the pointer whose loads lose them, None for all). In its
@@ -111,8 +111,7 @@ def time_shape(dtype, tokens, hidden, one_pass, rounds):
         timers[name] = graph_timer(lambda f=launch, y=y: f(x, w, y), tokens, hidden)
     times = interleaved_rounds(timers, rounds)
     for name, per_round in times.items():
-        to_copy = statistics.median(t / c for t, c in zip(per_round, times["copy_"]))
-        to_compile = statistics.median(t / c for t, c in zip(per_round, times["torch.compile"]))
+        to_copy, to_compile = (median_ratio(per_round, times[base]) for base in ("copy_", "torch.compile"))
         print(f"| {dtype} | {tokens}x{hidden} | {name} | {statistics.median(per_round):.2f} | {to_copy:.3f} "
               f"| {to_compile:.3f} |", flush=True)
 

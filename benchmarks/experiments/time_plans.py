@@ -150,7 +150,7 @@ def print_registers(args):
 def time_shapes(args):
     import torch
 
-    from bench_records import interleaved_rounds
+    from bench_records import interleaved_rounds, median_ratio
     from bench_rms_norm import graph_timer, out_of_tolerance
 
     arch, compiled = sample.gpu_arch(), {}
@@ -190,10 +190,9 @@ def time_shapes(args):
                 timers[name] = graph_timer(launch, tokens, hidden)
             rounds = interleaved_rounds(timers, args.rounds)
             for name, times in rounds.items():
-                to_copy = statistics.median(t / c for t, c in zip(times, rounds["copy_"]))
-                to_own = statistics.median(t / o for t, o in zip(times, rounds["own plan"]))
                 print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | {statistics.median(times):.2f} "
-                      f"| {to_copy:.3f} | {to_own:.3f} |", flush=True)
+                      f"| {median_ratio(times, rounds['copy_']):.3f} | {median_ratio(times, rounds['own plan']):.3f} |",
+                      flush=True)
 
 
 def main():
