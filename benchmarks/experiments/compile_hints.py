@@ -6,7 +6,9 @@ eviction_policy='evict_last', the output loop loads X again ('evict_first') and 
 takes the module inductor writes for one shape (run_and_get_code), deletes hints from its source by pattern,
 loads each edit with PyCodeCache.load and times every variant in interleaved rounds with bench_rms_norm.py's
 timers. --one-pass adds a Triton kernel that reads X once (the whole row in registers, as the sample holds it)
-with each combination of hints. benchmarks/NOTES.md, eighth pass, has what it showed on the H200.
+with each combination of hints. benchmarks/NOTES.md, eighth pass, has what it showed on the H200. copy_ is
+timed by graph replay only (bench_rms_norm.py keeps the faster of that and eager launches), which on the H200 ran
+slow at 32768 x 8192: there, read the column against torch.compile.
 
     python3 benchmarks/experiments/compile_hints.py --shapes 16384x12288,32768x8192 [--dtypes float16] [--one-pass]
 """
