@@ -58,3 +58,21 @@ def test_check_output_accepts_one_rounding_and_rejects_real_errors():
 def test_bad_epsilon_is_refused_with_a_named_error(bad):
     with pytest.raises(ValueError, match="epsilon"):
         sample.validate_epsilon(bad)
+
+
+def test_the_benchmarks_torch_formula_matches_the_numpy_reference():
+    """bench_rms_norm.torch_reference is what torch.compile is timed on; it must compute RMSNorm."""
+    import sys
+
+    import torch
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_rms_norm import EPS, torch_reference
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    w = (rng.random(96) + 0.5).astype(np.float32)
+    y = torch_reference(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(y, sample.rms_norm_reference(x, w, EPS), rtol=1e-5, atol=1e-6)

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
 from bench_records import interleaved_rounds, median_ratio  # noqa: E402
-from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, parse_list, parse_shapes  # noqa: E402
+from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, parse_list, parse_shapes, torch_reference  # noqa: E402
 
 # Hints deleted from inductor's source: (policies, and the pointer whose loads lose them, None for all). In its
 # kernel in_ptr0 is X and in_ptr1 is W, the order of the compiled function's arguments.
@@ -45,12 +45,6 @@ def drop_hints(source, policies, pointer):
     hint = re.compile(r",\s*eviction_policy='(?:%s)'" % "|".join(policies))
     return "\n".join(hint.sub("", line) if pointer is None or f"{pointer} +" in line else line
                      for line in source.split("\n"))
-
-
-def reference(x, w):
-    """The benchmark's torch.compile formula: FP32 throughout, one cast at the end."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w).to(x.dtype)
 
 
 def one_pass_kernels():
@@ -87,7 +81,7 @@ def time_shape(dtype, tokens, hidden, one_pass, rounds):
     x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, dtype))
     w = torch.rand(hidden, device="cuda") + 0.5
     torch._dynamo.reset()  # one compiled graph per shape
-    compiled = torch.compile(reference, dynamic=False)
+    compiled = torch.compile(torch_reference, dynamic=False)
     y_ref, sources = run_and_get_code(compiled, x, w)
     keep = [torch.empty_like(x)]  # every output a graph writes stays alive until the shape is timed
     timers = {"copy_": graph_timer(lambda: keep[0].copy_(x), tokens, hidden),
