@@ -17,6 +17,7 @@ plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 
 Timing: each round times copy_, the sample's own plan and every plan once, in a rotating order (CUDA-graph
 replay, bench_rms_norm.py's timers); the table gives medians over rounds of time / copy_ and time / own plan.
+--compile adds torch.compile (the benchmark's formula) to every round and a time / torch.compile column.
 --registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM, and,
 where nvdisasm is on PATH, how many global loads the SASS issues after a thread first waits for loaded data.
 """
@@ -151,11 +152,12 @@ def time_shapes(args):
     import torch
 
     from bench_records import interleaved_rounds, median_ratio
-    from bench_rms_norm import graph_timer, out_of_tolerance
+    from bench_rms_norm import graph_timer, out_of_tolerance, torch_reference
 
     arch, compiled = sample.gpu_arch(), {}
-    print(f"| dtype | tokens x hidden | plan | us | / copy_ | / own plan (median of {args.rounds} rounds) |")
-    print("|---|---|---|---|---|---|")
+    ratios = "/ copy_ | / own plan" + (" | / torch.compile" if args.compile else "")
+    print(f"| dtype | tokens x hidden | plan | us | {ratios} (median of {args.rounds} rounds) |")
+    print("|---" * (6 + args.compile) + "|")
     for dtype in args.dtypes:
         names = sample.DTYPES[dtype]
         for tokens, hidden in args.shapes:
@@ -164,6 +166,9 @@ def time_shapes(args):
             y_copy = torch.empty_like(x)
             fd = sample.from_dlpack
             calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
+            if args.compile:
+                inductor = torch.compile(torch_reference, dynamic=False)
+                calls["torch.compile"] = lambda: inductor(x, w)
             plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
             for spec in args.plans:
                 plan = parse_plan(spec, hidden, names.bytes)
@@ -172,7 +177,7 @@ def time_shapes(args):
                 calls[spec], plans[spec] = compiled[dtype, plan], str(plan)
             timers, outputs = {}, {}
             for name, call in calls.items():
-                if name == "copy_":
+                if name in ("copy_", "torch.compile"):
                     timers[name] = graph_timer(call, tokens, hidden)
                     continue
                 # Every plan writes its own y, kept until the shape is timed: its graph holds only the raw
@@ -191,7 +196,8 @@ def time_shapes(args):
             rounds = interleaved_rounds(timers, args.rounds)
             for name, times in rounds.items():
                 print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | {statistics.median(times):.2f} "
-                      f"| {median_ratio(times, rounds['copy_']):.3f} | {median_ratio(times, rounds['own plan']):.3f} |",
+                      f"| {median_ratio(times, rounds['copy_']):.3f} | {median_ratio(times, rounds['own plan']):.3f} |"
+                      + (f" {median_ratio(times, rounds['torch.compile']):.3f} |" if args.compile else ""),
                       flush=True)
 
 
@@ -205,6 +211,8 @@ def main():
     parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["float16"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--registers", action="store_true", help="ptxas register counts instead of timing")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile (the benchmark's formula) in the same rounds, with a ratio column")
     args = parser.parse_args()
     try:
         for hidden in args.hidden + [h for _, h in args.shapes]:
