@@ -27,3 +27,11 @@ def test_time_plans_times_torch_compile_in_the_same_rounds():
     rows = run("time_plans.py", "--shapes", "128x1024", "--plans", "t64k2", "--rounds", "1", "--compile")
     assert [row.split(" | ")[2].split()[0] for row in rows] == ["copy_", "own", "torch.compile", "t64k2"]
     assert all(row.count("|") == 8 for row in rows)  # seven cells: the third ratio is time / torch.compile
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_persistent_ring_normalizes_every_row(dtype):
+    # 1000 rows: not a multiple of any grid, so CTAs get different numbers of rows and slots refill unevenly
+    rows = run("persistent_ring.py", "--shapes", "1000x4096,3x4096", "--variants", "t128k4s2p2,t128k4s3p1",
+               "--dtypes", dtype, "--rounds", "1")
+    assert [row.split(" | ")[2] for row in rows] == ["copy_", "the sample", "t128k4s2p2", "t128k4s3p1"] * 2
