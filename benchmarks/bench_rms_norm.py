@@ -218,6 +218,26 @@ def out_of_tolerance(y, x, w, rtol, atol):
     return int(bad.sum().item())
 
 
+def checked_cute_timer(name, call, x, w, y, dtype):
+    """A graph_timer of one compiled CuTe launcher on (x, w, y), after one launch whose y is checked: out of
+    tolerance, the script exits with one sentence. y must live until the shape is timed: the graph holds only its
+    raw address (a CuTe tensor from from_dlpack does not keep the torch tensor alive), and the next capture's
+    empty_cache() would hand a dropped y back to the driver."""
+    import rms_norm_plugin_cutedsl as sample
+
+    args = [sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in (x, w, y)]
+
+    def launch():
+        call(*args, x.shape[0], sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+
+    launch()
+    torch.cuda.synchronize()
+    bad = out_of_tolerance(y, x, w, sample.DTYPES[dtype].rtol, sample.DTYPES[dtype].atol)
+    if bad:
+        sys.exit(f"error: {name} at {dtype} {x.shape[0]}x{x.shape[1]}: {bad} elements out of tolerance")
+    return graph_timer(launch, *x.shape)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default="bench-results",

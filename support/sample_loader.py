@@ -1,4 +1,5 @@
-"""Import the sample against a chosen ``tensorrt`` module (real bindings, TensorRT-RTX or the stand-in)."""
+"""Import the sample against a chosen ``tensorrt`` module (real bindings, TensorRT-RTX or the stand-in), and the
+experiment scripts of benchmarks/experiments/ as modules."""
 
 import importlib.util
 import pathlib
@@ -23,4 +24,12 @@ def load_sample(trt_module, name):
             del sys.modules["tensorrt"]
         else:
             sys.modules["tensorrt"] = saved
+    return module
+
+
+def load_experiment(name):
+    """Import benchmarks/experiments/<name>.py as module `name` (its main() does not run)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module

@@ -8,7 +8,7 @@ import pytest
 from skip_policy import (  # noqa: F401 (hooks)
     pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
 )
-from support.sample_loader import ROOT, SAMPLE_PATH, load_sample  # noqa: F401 (ROOT, SAMPLE_PATH: for tests)
+from support.sample_loader import ROOT, SAMPLE_PATH, load_experiment, load_sample  # noqa: F401 (for tests)
 
 
 @pytest.fixture(scope="session")

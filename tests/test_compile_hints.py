@@ -4,11 +4,10 @@ The source below is written by hand in the form torch 2.11's inductor printed fo
 (three loads: X for the sum of squares, X again and W for the output); the expected lines are written out.
 """
 
-import importlib.util
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_experiment
 
 X_SUM = "tmp0 = tl.load(in_ptr0 + (r0_1 + 12288*x0), r0_mask, eviction_policy='evict_last', other=0.0)"
 X_OUT = "tmp6 = tl.load(in_ptr0 + (r0_1 + 12288*x0), r0_mask, eviction_policy='evict_first', other=0.0)"
@@ -23,11 +22,7 @@ W_OUT_BARE = "tmp14 = tl.load(in_ptr1 + (r0_1), r0_mask, other=0.0)"
 
 @pytest.fixture(scope="module")
 def compile_hints():
-    path = ROOT / "benchmarks" / "experiments" / "compile_hints.py"
-    spec = importlib.util.spec_from_file_location("compile_hints", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("compile_hints")
 
 
 @pytest.mark.parametrize("variant,expected", [

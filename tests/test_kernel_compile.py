@@ -5,7 +5,6 @@ so these tests read the PTX that the H200 (sm_90a) and Ampere (sm_80) would run.
 """
 
 import functools
-import importlib.util
 import math
 import pathlib
 import re
@@ -16,7 +15,7 @@ import tempfile
 import pytest
 
 import rms_norm_plugin_cutedsl as sample
-from conftest import ROOT
+from conftest import load_experiment
 
 HIDDEN = [1, 7, 100, 256, 1000, 1024, 4096, 8192, 16384]
 ARCHES = ["sm_80", "sm_90a"]
@@ -397,10 +396,7 @@ def test_the_launch_bound_reaches_ptxas(hidden, bounded):
 
 @functools.cache
 def time_plans():
-    spec = importlib.util.spec_from_file_location("time_plans", ROOT / "benchmarks" / "experiments" / "time_plans.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("time_plans")
 
 
 def load_order(ptx, arch="sm_90a"):

@@ -5,23 +5,18 @@ slot before the row loop (unrolled, one per slot) and one refill inside the loop
 variant's CTAs per SM.
 """
 
-import importlib.util
 import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_experiment
 
 BULK_COPY = r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
 
 
 @pytest.fixture(scope="module")
 def ring():
-    path = ROOT / "benchmarks" / "experiments" / "persistent_ring.py"
-    spec = importlib.util.spec_from_file_location("persistent_ring", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("persistent_ring")
 
 
 @pytest.mark.parametrize("spec,hidden,why", [

@@ -3,20 +3,16 @@
 The plans below are worked out by hand from the spec grammar in the script's docstring (not from plan_kernel).
 """
 
-import importlib.util
 import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_experiment
 
 
 @pytest.fixture(scope="module")
 def time_plans():
-    spec = importlib.util.spec_from_file_location("time_plans", ROOT / "benchmarks" / "experiments" / "time_plans.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment("time_plans")
 
 
 @pytest.mark.parametrize("spec,hidden,fields,min_ctas", [

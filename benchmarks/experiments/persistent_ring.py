@@ -140,7 +140,7 @@ def main():
     import torch
 
     from bench_records import interleaved_rounds, median_ratio
-    from bench_rms_norm import graph_timer, out_of_tolerance, parse_shapes
+    from bench_rms_norm import checked_cute_timer, graph_timer, parse_shapes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", required=True, help="comma-separated TOKENSxHIDDEN")
@@ -166,18 +166,8 @@ def main():
                     continue  # a variant for another hidden size
             timers, outputs = {"copy_": graph_timer(lambda: y_copy.copy_(x), tokens, hidden)}, {}
             for name, call in calls.items():
-                # each output lives until the shape is timed: a graph holds only its raw address
-                y = outputs[name] = torch.empty_like(x)
-                launch = (lambda c=call, a=(sample.from_dlpack(x, assumed_align=16),
-                                            sample.from_dlpack(w, assumed_align=16),
-                                            sample.from_dlpack(y, assumed_align=16), tokens):
-                          c(*a, cuda.CUstream(torch.cuda.current_stream().cuda_stream)))
-                launch()
-                torch.cuda.synchronize()
-                bad = out_of_tolerance(y, x, w, names.rtol, names.atol)
-                if bad:
-                    sys.exit(f"error: {name} at {dtype} {tokens}x{hidden}: {bad} elements out of tolerance")
-                timers[name] = graph_timer(launch, tokens, hidden)
+                outputs[name] = torch.empty_like(x)  # each output lives until the shape is timed
+                timers[name] = checked_cute_timer(name, call, x, w, outputs[name], dtype)
             rounds = interleaved_rounds(timers, args.rounds)
             for name, times in rounds.items():
                 print(f"| {dtype} | {tokens}x{hidden} | {name} | {statistics.median(times):.2f} | "

@@ -152,7 +152,7 @@ def time_shapes(args):
     import torch
 
     from bench_records import interleaved_rounds, median_ratio
-    from bench_rms_norm import graph_timer, out_of_tolerance, torch_reference
+    from bench_rms_norm import checked_cute_timer, graph_timer, torch_reference
 
     arch, compiled = sample.gpu_arch(), {}
     ratios = "/ copy_ | / own plan" + (" | / torch.compile" if args.compile else "")
@@ -164,7 +164,6 @@ def time_shapes(args):
             x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, names.torch))
             w = torch.rand(hidden, device="cuda") + 0.5
             y_copy = torch.empty_like(x)
-            fd = sample.from_dlpack
             calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
             if args.compile:
                 inductor = torch.compile(torch_reference, dynamic=False)
@@ -180,19 +179,8 @@ def time_shapes(args):
                 if name in ("copy_", "torch.compile"):
                     timers[name] = graph_timer(call, tokens, hidden)
                     continue
-                # Every plan writes its own y, kept until the shape is timed: its graph holds only the raw
-                # address (a CuTe tensor from from_dlpack does not keep the torch tensor alive), and the next
-                # capture's empty_cache() would hand a dropped y back to the driver.
-                y = outputs[name] = torch.empty_like(x)
-                launch = (lambda c=call, a=(fd(x, assumed_align=16), fd(w, assumed_align=16),
-                                            fd(y, assumed_align=16), tokens):
-                          c(*a, sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)))
-                launch()
-                torch.cuda.synchronize()
-                bad = out_of_tolerance(y, x, w, names.rtol, names.atol)
-                if bad:
-                    sys.exit(f"error: {name} at {dtype} {tokens}x{hidden}: {bad} elements out of tolerance")
-                timers[name] = graph_timer(launch, tokens, hidden)
+                outputs[name] = torch.empty_like(x)  # every plan writes its own y, kept until the shape is timed
+                timers[name] = checked_cute_timer(name, call, x, w, outputs[name], dtype)
             rounds = interleaved_rounds(timers, args.rounds)
             for name, times in rounds.items():
                 print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | {statistics.median(times):.2f} "
