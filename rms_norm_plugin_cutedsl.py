@@ -535,8 +535,8 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     if in_sequence > 1 and threads >= MID_BOUND[0]:
         # Two such CTAs leave 64 registers per thread; ptxas may take a few more and
         # fit only one CTA per SM, half the rows in flight (benchmarks/NOTES.md,
-        # seventh pass). Smaller mid-plan CTAs fit two anyway,
-        # and a bound there would only let ptxas spend more registers on them.
+        # seventh pass). Smaller mid-plan CTAs fit two anyway, and a bound there
+        # would only let ptxas spend more registers on them.
         bound = MID_BOUND[1]
     return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
                       math.ceil(num_vecs / threads), early_weight=early_weight,
