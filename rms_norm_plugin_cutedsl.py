@@ -1243,7 +1243,7 @@ def build_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
         plugin = define_plugin_network(network, hidden, dtype, epsilon, w_dtype)
-    engine = _build((builder, network), shapes)
+    engine = build_from_network((builder, network), shapes)
     del plugin  # held until the build is done (see define_plugin_network)
     return engine
 
@@ -1255,10 +1255,10 @@ def build_onnx_engine(model: bytes, shapes: dict, stage: str = "ONNX parse"):
     register_creator()  # the parser looks an op type it does not know up in the registry
     with tensorrt_stage(stage):
         network = network_from_onnx_bytes(model, strongly_typed=True)
-    return _build(network, shapes)
+    return build_from_network(network, shapes)
 
 
-def _build(network, shapes: dict):
+def build_from_network(network, shapes: dict):
     """Polygraphy builds the engine with one optimization profile over `shapes`."""
     from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network
 
