@@ -147,7 +147,7 @@ try:
     import onnx
     import onnx_ir as ir
     import torch
-    from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+    from onnx_ir.passes.common import ShapeInferencePass
     from onnxscript.rewriter import pattern
 
     import rms_norm_plugin_cutedsl as sample
@@ -172,32 +172,39 @@ DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.it
 # onnx.checker reads the file itself (models over 2 GB included) and resolves
 # external data beside it; onnx-ir maps external tensors lazily, so the graph
 # is rewritten without reading a weight. onnxruntime's
-# SimplifiedLayerNormalization sits in ONNX's own domain without an ONNX
-# schema, which the checker refuses; declaring its schema here (onnxruntime's
-# inputs, outputs and attributes) lets the checker check it like any other op.
-# Ops in other domains (com.microsoft) the checker skips.
+# SimplifiedLayerNormalization, and the plugin's op in a rewritten model, sit
+# in ONNX's own domain without an ONNX schema, which the checker refuses;
+# declaring their schemas here (inputs, outputs, attributes) lets it check them
+# like any other op. Ops in other domains (com.microsoft) the checker skips.
 
 
-def declare_simplified_layer_normalization():
-    """Give onnx.checker onnxruntime's schema of SimplifiedLayerNormalization (once per process)."""
-    if onnx.defs.has("SimplifiedLayerNormalization"):
-        return
-    schema = onnx.defs.OpSchema(
-        "SimplifiedLayerNormalization", "", 1,
-        inputs=[onnx.defs.OpSchema.FormalParameter("X", "T"), onnx.defs.OpSchema.FormalParameter("scale", "V")],
-        outputs=[onnx.defs.OpSchema.FormalParameter("Y", "V"),
-                 onnx.defs.OpSchema.FormalParameter("inv_std_var", "U", param_option=onnx.defs.OpSchema.FormalParameterOption.Optional)],
-        type_constraints=[(t, ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"], "")
-                          for t in ("T", "U", "V")],
-        attributes=[onnx.defs.OpSchema.Attribute("axis", onnx.helper.make_attribute("axis", -1), ""),
-                    onnx.defs.OpSchema.Attribute("epsilon", onnx.helper.make_attribute("epsilon", 1e-5), ""),
-                    onnx.defs.OpSchema.Attribute("stash_type", onnx.helper.make_attribute("stash_type", 1), "")])
-    onnx.defs.register_schema(schema)
+def declare_schemas():
+    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the plugin's op."""
+    def parameter(name, dtypes, optional=False):
+        option = onnx.defs.OpSchema.FormalParameterOption
+        return onnx.defs.OpSchema.FormalParameter(name, dtypes, param_option=option.Optional if optional else
+                                                  option.Single)
+
+    def attribute(name, value):
+        return onnx.defs.OpSchema.Attribute(name, onnx.helper.make_attribute(name, value), "")
+
+    floats = ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"]
+    schemas = [("SimplifiedLayerNormalization", [parameter("X", "T"), parameter("scale", "V")],
+                [parameter("Y", "V"), parameter("inv_std_var", "U", optional=True)],
+                [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
+               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("W", "V")], [parameter("Y", "T")],
+                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute("plugin_version", sample.PLUGIN_VERSION),
+                 attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
+    for name, inputs, outputs, attributes in schemas:
+        if not onnx.defs.has(name):
+            onnx.defs.register_schema(onnx.defs.OpSchema(
+                name, "", 1, inputs=inputs, outputs=outputs, attributes=attributes,
+                type_constraints=[(t, floats, "") for t in ("T", "U", "V")]))
 
 
 def load_model(path: str) -> ir.Model:
     """The model at `path`, its tensors' types and shapes inferred; UsageError if it is not ONNX."""
-    declare_simplified_layer_normalization()
+    declare_schemas()
     try:
         onnx.checker.check_model(path)  # bytes that happen to parse as a protobuf are not a model
         model = ir.load(path)
@@ -322,12 +329,17 @@ class PluginRule(pattern.RewriteRuleClassBase):
         dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
         if self.cast_back and DTYPE_NAMES.get(ir.DataType(to.as_int())) != dtype:
             return pattern.MatchResult().fail("not a Cast back to X's dtype")  # the plain form decides
+        used = [k for k, v in enumerate(node.outputs) if k and v is not None and (v.uses() or v.is_graph_output())]
+        if self.form in SKIP_FORMS and (3 in used) != (self.form is skip_simplified_layer_normalization_and_sum):
+            return pattern.MatchResult().fail("the other skip form writes the sum")  # (onnxscript 0.7 matches
+            # a pattern of four outputs on a node of one, and one output on a node whose others are used)
         if node.op_type in NORM_OPS:
             epsilon = node.attributes.get_float("epsilon", DEFAULT_EPSILONS[node.op_type])
         else:  # the decomposed chain: its constant
             epsilon = constant(epsilon)
             epsilon = float(epsilon) if epsilon is not None and epsilon.size == 1 else None
-        reason = why_not_served(node, x, scale, epsilon, x if stats is None else stats, mean)
+        reason = why_not_served(node, x, scale, epsilon, x if stats is None else stats, mean) or (
+            "its mean or inverse-RMS output is used" if {1, 2} & set(used) else None)
         name = node_name(node)
         if reason:
             self.found["left"][name] = reason
@@ -417,7 +429,6 @@ def rewrite_model(model: ir.Model):
         rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
         pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
                                commute=True).apply_to_model(model)
-    RemoveUnusedNodesPass()(model)  # the chains' constants
     # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares.
     for node in model.graph:
         square = node.inputs[0].producer() if node.op_type == "ReduceMean" and node.inputs else None
@@ -456,8 +467,7 @@ def save_model(model: ir.Model, path: str):
     if elsewhere:
         raise sample.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
                                 "data, which the rewritten model refers to")
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".rmsnorm-", suffix=".onnx")
-    os.close(handle)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
         ir.save(model, temporary)
         os.replace(temporary, path)
