@@ -231,9 +231,11 @@ def external_data_dirs(model: ir.Model) -> set:
 # are used by it alone. check() decides whether the plugin computes what the
 # match computes; rewrite() writes the plugin node, named like the original.
 # Forms ending in a Cast back to X's dtype are tried first, so that the plugin
-# (whose Y has X's dtype) absorbs the Cast. onnxscript's own fusion rules cover
-# the decomposed chain with Reciprocal only, at opset 23, and write
-# RMSNormalization, so the patterns are written here with its matcher.
+# (whose Y has X's dtype) absorbs the Cast. onnxscript's own RMSNorm fusions match
+# the Reciprocal chain only (Pow, the mean's axes an input [-1], no Div, no
+# x*x, no Cast back) and write RMSNormalization or onnxruntime's op in its
+# place even where the plugin cannot serve it, so the forms are written here
+# for its matcher, with the plugin node as the rewrite.
 
 
 @dataclass(frozen=True)
@@ -648,9 +650,8 @@ def engines_tolerance(node: Replaced, magnitude, scale):
         + sum(f.tiny * f.eps / 2 for f in spacings) * (1 + np.abs(scale))
 
 
-def run_engine(engine, feeds: dict) -> dict:
-    """{output name: float64 array} of one run on these torch CUDA tensors."""
-    trt = sample.trt
+def bind(engine, feeds: dict):
+    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs bound."""
     context = engine.create_execution_context()
     for name, value in feeds.items():
         context.set_input_shape(name, tuple(value.shape))
@@ -658,12 +659,18 @@ def run_engine(engine, feeds: dict) -> dict:
     outputs = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT:
+        if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
             dtype = TORCH_DTYPES[engine.get_tensor_dtype(name).name]
             outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
             if dtype.is_floating_point:
                 outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
             context.set_tensor_address(name, outputs[name].data_ptr())
+    return context, outputs
+
+
+def run_engine(engine, feeds: dict) -> dict:
+    """{output name: float64 array} of one run on these torch CUDA tensors."""
+    context, outputs = bind(engine, feeds)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs were written on torch's stream
     if not context.execute_async_v3(stream.cuda_stream):
@@ -700,27 +707,16 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
 
 
 def time_engine(engine, feeds: dict, iterations: int = 200) -> float:
-    """Microseconds per execute_async_v3 call on these inputs, after warm-up."""
-    context = engine.create_execution_context()
-    buffers = []
-    for name, value in feeds.items():
-        context.set_input_shape(name, tuple(value.shape))
-        context.set_tensor_address(name, value.data_ptr())
-    for i in range(engine.num_io_tensors):
-        name = engine.get_tensor_name(i)
-        if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
-            buffers.append(torch.empty(tuple(context.get_tensor_shape(name)),
-                                       dtype=TORCH_DTYPES[engine.get_tensor_dtype(name).name], device="cuda"))
-            context.set_tensor_address(name, buffers[-1].data_ptr())
+    """Microseconds per execute_async_v3 call on these inputs, after 20 calls of warm-up."""
+    context, _ = bind(engine, feeds)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    for _ in range(20):
-        context.execute_async_v3(stream.cuda_stream)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    for _ in range(iterations):
-        context.execute_async_v3(stream.cuda_stream)
-    end.record(stream)
+    for calls in (20, iterations):  # the first round warms up, the second is timed
+        start.record(stream)
+        for _ in range(calls):
+            context.execute_async_v3(stream.cuda_stream)
+        end.record(stream)
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / iterations
 

