@@ -541,6 +541,9 @@ def input_profile(model: ir.Model, args) -> dict:
 # table's row count, a mask ones, positions 0, 1, 2, ... along the last axis.
 
 
+INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.BOOL: torch.bool}
+
+
 def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
     """{input name: torch CPU tensor} for one shape of each input, deterministic in `seed`."""
     gen = torch.Generator().manual_seed(seed)
@@ -548,14 +551,14 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
     for value in model_inputs(model):
         name, shape = value.name, shapes[value.name]
         if value.dtype in DTYPE_NAMES:
-            values[name] = torch.randn(shape, generator=gen).to(getattr(torch, sample.DTYPES[DTYPE_NAMES[value.dtype]].torch))
+            dtype = getattr(torch, sample.DTYPES[DTYPE_NAMES[value.dtype]].torch)
+            values[name] = torch.randn(shape, generator=gen).to(dtype)
             continue
-        dtype = getattr(torch, {ir.DataType.INT64: "int64", ir.DataType.INT32: "int32", ir.DataType.BOOL: "bool"}.get(
-            value.dtype, "float64"))
-        tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
-        if dtype == torch.float64:
+        if value.dtype not in INTEGER_DTYPES:
             raise sample.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
                                     "float32 and integer inputs")
+        dtype = INTEGER_DTYPES[value.dtype]
+        tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
         if "mask" in name.lower():
             values[name] = torch.ones(shape, dtype=dtype)
         elif "position" in name.lower():

@@ -14,9 +14,10 @@ through the routes LLM users take:
   ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama fp16, Gemma
   fp32), and at opset 18 without constant folding, where Gemma's ``1 + w``
   stays an Add (fp16, the Cast back to fp16 after an fp32 product);
-* onnxruntime-genai's model builder (``-e cuda -p fp16``):
-  SimplifiedLayerNormalization and com.microsoft SkipSimplifiedLayerNormalization,
-  weights in external data.
+* onnxruntime-genai's model builder (``-p fp16``), weights in external data:
+  for its CUDA target SimplifiedLayerNormalization and com.microsoft
+  SkipSimplifiedLayerNormalization, for its TensorRT-RTX target the chain with
+  ``Div(1, Sqrt)``.
 
 Each model is made once per test session (see test_onnx_model.py's fixtures).
 The one-node models, written with onnx.helper, vary one attribute at a time.
@@ -92,9 +93,10 @@ def export_torchscript(path, family, dtype, opset=17, fold=True):
     return path
 
 
-def export_genai(folder):
+def export_genai(folder, target="cuda"):
     """onnxruntime-genai's model builder on a Llama saved with save_pretrained (and a word-level tokenizer,
-    which the builder copies), for its CUDA target in fp16; returns the model's path."""
+    which the builder copies), in fp16 for `target` ("cuda"; "NvTensorRtRtx" writes the decomposed chain
+    instead of onnxruntime's norms); returns the model's path."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -105,7 +107,7 @@ def export_genai(folder):
     PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(source)
     out = folder / "genai"
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(out),
-                    "-p", "fp16", "-e", "cuda", "-c", str(folder / "cache")], check=True, capture_output=True,
+                    "-p", "fp16", "-e", target, "-c", str(folder / "cache")], check=True, capture_output=True,
                    timeout=600)
     return out / "model.onnx"
 
