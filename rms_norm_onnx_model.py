@@ -761,6 +761,8 @@ def one_node_model(args) -> ir.Model:
 
 def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list, profile: dict, seed: int):
     """Build both, run both at the profile's min, opt and max, check every replaced node, time both."""
+    inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, seed + k)
+              for k in range(3)]  # first, so that an input it cannot feed is refused before any build
     sample.check_environment()
     watched = list(dict.fromkeys(t for node in replaced for t in (*node.x, node.scale, node.y)
                                  if t not in original.graph.initializers and t not in profile))
@@ -769,13 +771,12 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
     weights = {node.scale: original.graph.initializers[node.scale].const_value.numpy().astype(np.float64)
                for node in replaced if node.scale in original.graph.initializers}
     correct, ratios = True, []
-    for k, point in enumerate(("min", "opt", "max")):
-        feeds = {name: value.cuda() for name, value in
-                 input_values(original, {name: shapes[k] for name, shapes in profile.items()}, seed + k).items()}
+    for point, host in zip(("min", "opt", "max"), inputs):
+        feeds = {name: value.cuda() for name, value in host.items()}
         with sample.tensorrt_stage("execution context"):
             ours, theirs = (run_engine(engine, feeds) for engine in engines)
             times = [time_engine(engine, feeds) for engine in engines]
-        values = {**weights, **{name: v.double().cpu().numpy() for name, v in feeds.items()}}
+        values = {**weights, **{name: v.double().numpy() for name, v in host.items()}}
         print(f"  {point}: {', '.join(f'{n} {tuple(v.shape)}' for n, v in feeds.items())}")
         for name in (v.name for v in original.graph.outputs):
             print(f"    output {name}: max |plugin - TensorRT| = {np.max(np.abs(ours[name] - theirs[name])):.3e}")
