@@ -1,189 +1,679 @@
+#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Putting RmsNormPlugin into your own ONNX model, and checking it against TensorRT's own import.
 
-``python3 rms_norm_plugin_cutedsl.py --from-onnx MODEL.onnx`` runs this file's
-``check_model``: it loads the model, replaces every ``RMSNormalization`` node
-the plugin can serve by an ``RmsNormPlugin`` node with the same inputs, outputs
-and epsilon (``rewrite_model``), builds the rewritten model and the original,
-runs both on the same random inputs at the profile's min, opt and max, and
-checks every replaced node.
+What you will learn
+-------------------
+* How the RMSNorms of an exported LLM look in ONNX, route by route: ONNX's
+  ``RMSNormalization`` (``torch.onnx.export(dynamo=True)`` at opset 23), a
+  decomposed ``Pow -> ReduceMean -> Add -> Sqrt -> Reciprocal or Div -> Mul``
+  chain (earlier opsets, the TorchScript exporter, Optimum), and onnxruntime's
+  ``SimplifiedLayerNormalization`` and ``SkipSimplifiedLayerNormalization``
+  (onnxruntime-genai's model builder).
+* How to find every one of them with onnxscript's pattern rewriter and put a
+  plugin node in its place, which TensorRT's ONNX parser then builds from the
+  plugin registry, and how to list, with the reason, each one left to TensorRT.
+* How to do that to a model of any size: the weights stay in their external
+  data file and are never loaded; TensorRT's parser reads the model by path.
+* How to build the rewritten model and the original, feed both the same
+  realistic inputs (token ids within the vocabulary, masks of ones), compare
+  every replaced node within the rounding the two computations allow, and time
+  both engines.
 
-It is a companion of the sample rather than a section of it: the sample
-teaches the plugin, this file the graph surgery and the comparison harness
-around it, a second program the tutorial need not carry. The sample imports
-it only when a model path is given.
+What it runs on
+---------------
+The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
+onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
+comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10.15+).
 
-Why plain ``onnx``: the rewrite swaps a node's op type and attributes and keeps
-its inputs and outputs, which ``onnx.helper.make_node`` does in one call;
-onnx-graphsurgeon would add a dependency for no step this needs.
+How to run it
+-------------
+    python3 rms_norm_onnx_model.py                        # one RMSNormalization node: plugin vs TensorRT, timed
+    python3 rms_norm_onnx_model.py model.onnx --report-only -o model_rmsnorm.onnx
+    python3 rms_norm_onnx_model.py model.onnx --min-shapes input_ids:1x1,attention_mask:1x1 \\
+        --opt-shapes input_ids:1x128,attention_mask:1x128 --max-shapes input_ids:4x512,attention_mask:4x512
+
+Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not,
+2 usage or environment error (one sentence on stderr).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 
-import numpy as np
-import onnx
-import torch
-from onnx import helper, numpy_helper
+EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2  # the sample's codes (it is imported only after the flags)
+FLAGS_OF_THE_ONE_NODE_MODEL = ("hidden_dim", "dtype", "weight_dtype", "epsilon")
+FLAGS_OF_A_MODEL = ("output", "report_only", "min_shapes", "opt_shapes", "max_shapes")
 
-import rms_norm_plugin_cutedsl as sample
 
-# ONNX element type -> the sample's dtype name, for the dtypes TensorRT and torch share here.
-ONNX_DTYPES = {getattr(onnx.TensorProto, names.onnx): name for name, names in sample.DTYPES.items()}
+# %% [0] Flags ------------------------------------------------------------------
+#
+# Standard library only, so that --help and a mistyped flag answer at once.
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        """One sentence on stderr and exit code 2, instead of argparse's usage dump."""
+        self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
+
+
+def parse_shapes(text: str) -> dict:
+    """{input name: shape} from trtexec's spelling, e.g. 'input_ids:1x128,attention_mask:1x128'."""
+    shapes = {}
+    for item in filter(None, text.split(",")):
+        name, colon, dims = item.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            shape = None
+        if not colon or not name or shape is None or any(d < 0 for d in shape):
+            raise argparse.ArgumentTypeError(f"'{item}' is not NAME:DIMxDIM... (e.g. input_ids:1x128)")
+        shapes[name] = shape
+    return shapes
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = _ArgumentParser(
+        description="Replace the RMSNorms of an ONNX model by RmsNormPlugin, print which and why not, and "
+                    "compare the rewritten model with TensorRT's import of the original. Without MODEL.onnx: "
+                    "a one-node RMSNormalization model.",
+        epilog="The report comes first and needs no GPU; --report-only stops there. "
+               "Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not, 2 usage or "
+               "environment error.")
+    parser.add_argument("model", nargs="?", metavar="MODEL.onnx", help="the model (its external data beside it)")
+    parser.add_argument("-o", "--output", metavar="OUT.onnx",
+                        help="write the rewritten model there (in MODEL's directory if it has external data)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the per-node report (and write -o), build nothing: no GPU or TensorRT needed")
+    for point in ("min", "opt", "max"):
+        parser.add_argument(f"--{point}-shapes", f"--{point}Shapes", type=parse_shapes, metavar="NAME:DxD,...",
+                            help=f"the profile's {point} shape of each named input, as trtexec's --{point}Shapes")
+    parser.add_argument("--min-tokens", type=int, default=1, help="the one dynamic dimension's minimum (default 1)")
+    parser.add_argument("--opt-tokens", type=int, default=128, help="its optimum (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="its maximum (default 512)")
+    one_node = parser.add_argument_group("the one-node model (no MODEL.onnx)")
+    one_node.add_argument("--hidden-dim", type=int, help="hidden size (default 1024)")
+    one_node.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="X dtype (default float16)")
+    one_node.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"),
+                          help="scale dtype (default float32)")
+    one_node.add_argument("--epsilon", type=float, help="default 1e-5")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    args = parser.parse_args(argv)
+
+    # Flags that describe the other kind of run are refused, not ignored.
+    misplaced = FLAGS_OF_THE_ONE_NODE_MODEL if args.model else FLAGS_OF_A_MODEL
+    for name in misplaced:
+        if getattr(args, name) not in (None, False):
+            flag = "-o" if name == "output" else "--" + name.replace("_", "-")
+            parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx" if args.model else
+                         f"{flag} applies to MODEL.onnx, which was not given")
+    if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
+        parser.error(f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, got "
+                     f"{args.min_tokens}, {args.opt_tokens}, {args.max_tokens}")
+    named = [set(getattr(args, f"{p}_shapes") or {}) for p in ("min", "opt", "max")]
+    if named[0] != named[1] or named[1] != named[2]:
+        parser.error("--min-shapes, --opt-shapes and --max-shapes must name the same inputs, got "
+                     + " / ".join(", ".join(sorted(n)) or "none" for n in named))
+    if args.model and not os.path.isfile(args.model):
+        parser.error(f"'{args.model}' does not exist or is not a file")
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            parser.error(f"-o '{args.output}': '{folder}' is not a writable directory")
+        if os.path.abspath(args.output) == os.path.abspath(args.model):
+            parser.error("-o must not be MODEL.onnx itself")
+    if not args.model:
+        args.hidden_dim = 1024 if args.hidden_dim is None else args.hidden_dim
+        args.dtype, args.weight_dtype = args.dtype or "float16", args.weight_dtype or "float32"
+        args.epsilon = 1e-5 if args.epsilon is None else args.epsilon
+        if not 1 <= args.hidden_dim <= 32768:
+            parser.error(f"--hidden-dim must be in [1, 32768], got {args.hidden_dim}")
+        if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+            parser.error(f"--epsilon must be finite and > 0, got {args.epsilon}")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before the heavy imports: --help and flag errors must not wait for torch
+
+try:
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    import torch
+    from onnx_ir.passes.common import ShapeInferencePass
+    from onnxscript.rewriter import pattern
+
+    import rms_norm_plugin_cutedsl as sample
+except ImportError as exc:
+    module = (exc.name or "").partition(".")[0]
+    if module in ("onnx", "onnx_ir", "onnxscript"):
+        message = (f"the Python package {module.replace('_', '-')} is not installed; install the ONNX "
+                   "packages with `pip install onnx onnx-ir onnxscript`")
+    else:
+        message = "a package of the sample failed to import; install its set with `pip install -r requirements.txt`"
+    if __name__ == "__main__":
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    raise ImportError(message, name=exc.name) from exc
+
+# ONNX element type (as onnx-ir names it) -> the sample's dtype name.
+DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
+
+
+# %% [1] Load: check by path, keep the weights where they are -------------------
+#
+# onnx.checker reads the file itself (models over 2 GB included) and resolves
+# external data beside it; onnx-ir maps external tensors lazily, so the graph
+# is rewritten without reading a weight. onnxruntime's
+# SimplifiedLayerNormalization, and the plugin's op in a rewritten model, sit
+# in ONNX's own domain without an ONNX schema, which the checker refuses;
+# declaring their schemas here (inputs, outputs, attributes) lets it check them
+# like any other op. Ops in other domains (com.microsoft) the checker skips.
+
+
+def declare_schemas():
+    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the plugin's op."""
+    def parameter(name, dtypes, optional=False):
+        option = onnx.defs.OpSchema.FormalParameterOption
+        return onnx.defs.OpSchema.FormalParameter(name, dtypes, param_option=option.Optional if optional else
+                                                  option.Single)
+
+    def attribute(name, value):
+        return onnx.defs.OpSchema.Attribute(name, onnx.helper.make_attribute(name, value), "")
+
+    floats = ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"]
+    schemas = [("SimplifiedLayerNormalization", [parameter("X", "T"), parameter("scale", "V")],
+                [parameter("Y", "V"), parameter("inv_std_var", "U", optional=True)],
+                [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
+               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("W", "V")], [parameter("Y", "T")],
+                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute("plugin_version", sample.PLUGIN_VERSION),
+                 attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
+    for name, inputs, outputs, attributes in schemas:
+        if not onnx.defs.has(name):
+            onnx.defs.register_schema(onnx.defs.OpSchema(
+                name, "", 1, inputs=inputs, outputs=outputs, attributes=attributes,
+                type_constraints=[(t, floats, "") for t in ("T", "U", "V")]))
+
+
+def load_model(path: str) -> ir.Model:
+    """The model at `path`, its tensors' types and shapes inferred; UsageError if it is not ONNX."""
+    declare_schemas()
+    try:
+        onnx.checker.check_model(path)  # bytes that happen to parse as a protobuf are not a model
+        model = ir.load(path)
+    except Exception as exc:  # protobuf's DecodeError, the checker's ValidationError, OSError, ...
+        detail = " ".join(str(exc).split())[:200]
+        raise sample.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
+    # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it fills in
+    # what the exporter left untyped and does not fail on ops it has no rule for, or on an exporter's
+    # type annotation it disagrees with.
+    ShapeInferencePass(strict_mode=False, check_type=False)(model)
+    return model
+
+
+def external_data_dirs(model: ir.Model) -> set:
+    """The directories whose files hold the model's external weights."""
+    return {os.path.abspath(value.const_value.base_dir) for value in model.graph.initializers.values()
+            if isinstance(value.const_value, ir.ExternalTensor)}
+
+
+# %% [2] The rewrite: every RMSNorm form, found by onnxscript's pattern matcher ---
+#
+# Each form is an onnxscript pattern; the matcher finds it whatever the order
+# of a commutative op's inputs (commute=True) and only where its inner values
+# are used by it alone. check() decides whether the plugin computes what the
+# match computes; rewrite() writes the plugin node, named like the original.
+# Forms ending in a Cast back to X's dtype are tried first, so that the plugin
+# (whose Y has X's dtype) absorbs the Cast. onnxscript's own RMSNorm fusions match
+# the Reciprocal chain only (Pow, the mean's axes an input [-1], no Div, no
+# x*x, no Cast back) and write RMSNormalization or onnxruntime's op in its
+# place even where the plugin cannot serve it, so the forms are written here
+# for its matcher, with the plugin node as the rewrite.
 
 
 @dataclass(frozen=True)
 class Replaced:
-    """One RMSNormalization node now served by the plugin: its tensors and epsilon."""
+    """One RMSNorm now computed by the plugin: where it reads and writes, and how each side rounds."""
 
     name: str
-    x: str
+    form: str
+    x: tuple           # the tensors whose sum is X (one, or input and skip of SkipSimplifiedLayerNormalization)
     scale: str
-    y: str
+    y: str             # the tensor compared: the node's output, or that of the Cast it absorbed
     epsilon: float
-    dtype: str
+    dtype: str         # X's, and the plugin's Y
+    scale_dtype: str
+    cast: str          # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
 
 
-def load_model(path: str) -> onnx.ModelProto:
-    """The model at `path` with its tensors' types and shapes inferred; UsageError if it is not ONNX."""
-    try:
-        model = onnx.load(path)
-        onnx.checker.check_model(model)  # bytes that happen to parse as a protobuf are not a model
-    except Exception as exc:  # protobuf's DecodeError, the checker's ValidationError, OSError, ...
-        detail = " ".join(str(exc).split())[:200]
-        raise sample.UsageError(f"--from-onnx '{path}' is not a valid ONNX model ({detail})") from None
-    return onnx.shape_inference.infer_shapes(model)
+def rms_normalization(op, x, skip, scale, epsilon):
+    """ONNX's op (opset 23), torch.onnx.export(dynamo=True)'s output at that opset."""
+    return op.RMSNormalization(x, scale, _outputs=["norm"])
 
 
-def tensor_types(model: onnx.ModelProto) -> dict:
-    """{tensor name: (ONNX element type, shape)} for every typed tensor; a dynamic dimension is None."""
-    infos = [*model.graph.input, *model.graph.output, *model.graph.value_info]
-    types = {i.name: (i.type.tensor_type.elem_type,
-                      [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
-                      if i.type.tensor_type.HasField("shape") else None) for i in infos}
-    types.update({t.name: (t.data_type, list(t.dims)) for t in model.graph.initializer})
-    return types
+def simplified_layer_normalization(op, x, skip, scale, epsilon):
+    """onnxruntime's RMSNorm, which its tools write in ONNX's own domain."""
+    return op.SimplifiedLayerNormalization(x, scale, _outputs=["norm"])
 
 
-def why_not_served(node: onnx.NodeProto, types: dict) -> str | None:
-    """None if the plugin computes exactly what this RMSNormalization node asks for, else why not."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    x_type, x_shape = types.get(node.input[0], (None, None))
-    scale_type, scale_shape = types.get(node.input[1], (None, None)) if len(node.input) > 1 else (None, None)
-    if x_shape is None or len(x_shape) < 2:
+def decomposed(op, stats, scale, epsilon):
+    """The chain torch writes below opset 23 from `stats`: Pow or x*x, the mean, Reciprocal(Sqrt) or Div by it,
+    an optional Cast, the weight (Gemma's 1 + w, folded or not, is a weight like any other)."""
+    # (Each backtracking alternative carries a tag_var, which onnxscript 0.7's commute() needs to copy it.)
+    square = pattern.OrValue([op.Pow(stats, 2.0), op.Mul(stats, stats)])
+    rms = op.Sqrt(op.Add(op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"]), epsilon))
+    normalized = pattern.OrValue([op.Mul(stats, op.Reciprocal(rms)), op.Mul(stats, op.Div(1.0, rms)),
+                                  op.Div(stats, rms)], tag_var="divide")
+    return op.Mul(pattern.OrValue([op.Cast(normalized), normalized], tag_var="cast_normalized"), scale,
+                  _outputs=["norm"])
+
+
+def decomposed_after_cast(op, x, skip, scale, epsilon):
+    """The chain on X cast to FP32 first, as transformers' RMSNorms do: the plugin takes X before the Cast."""
+    return decomposed(op, op.Cast(x, _outputs=["stats"]), scale, epsilon)
+
+
+def decomposed_in_x_dtype(op, x, skip, scale, epsilon):
+    """The chain on X itself: an FP32 X, or a Cast whose output something else uses too (it stays)."""
+    return decomposed(op, x, scale, epsilon)
+
+
+def skip_simplified_layer_normalization(op, x, skip, scale, epsilon):
+    """onnxruntime-genai's residual add and RMSNorm in one op; the last one writes only the norm."""
+    return op.SkipSimplifiedLayerNormalization(x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True,
+                                               _outputs=["norm"])
+
+
+def skip_simplified_layer_normalization_and_sum(op, x, skip, scale, epsilon):
+    """The same op also writing the sum (its fourth output), the next layer's residual."""
+    norm, _, _, total = op.SkipSimplifiedLayerNormalization(
+        x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True, _outputs=["norm", None, None, "total"])
+    return norm, total
+
+
+FORMS = (rms_normalization, simplified_layer_normalization, decomposed_after_cast, decomposed_in_x_dtype)
+SKIP_FORMS = (skip_simplified_layer_normalization, skip_simplified_layer_normalization_and_sum)
+DEFAULT_EPSILONS = {"RMSNormalization": 1e-5, "SimplifiedLayerNormalization": 1e-5,
+                    "SkipSimplifiedLayerNormalization": 1e-12}  # ONNX's and onnxruntime's defaults
+NORM_OPS = set(DEFAULT_EPSILONS)
+
+
+def node_name(node: ir.Node) -> str:
+    return node.name or f"unnamed {node.op_type} writing '{node.outputs[0].name}'"
+
+
+def constant(value):
+    """The value's constant as a NumPy array, or None if it is computed."""
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    return None if tensor is None else tensor.numpy()
+
+
+class PluginRule(pattern.RewriteRuleClassBase):
+    """One form, optionally followed by a Cast back to X's dtype, rewritten to an RmsNormPlugin node."""
+
+    def __init__(self, form, cast_back: bool, found: dict):
+        super().__init__(form.__name__ + (" + Cast" if cast_back else ""))
+        self.form, self.cast_back, self.found = form, cast_back, found
+
+    def pattern(self, op, x, skip, scale, epsilon, to):
+        y = self.form(op, x, skip, scale, epsilon)
+        return op.Cast(y, to=to, _outputs=["out"]) if self.cast_back else y
+
+    def check(self, op, x, scale, epsilon, norm, to=None, stats=None, mean=None, **_):
+        node = norm.producer()
+        dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
+        if self.cast_back and DTYPE_NAMES.get(ir.DataType(to.as_int())) != dtype:
+            return pattern.MatchResult().fail("not a Cast back to X's dtype")  # the plain form decides
+        used = [k for k, v in enumerate(node.outputs) if k and v is not None and (v.uses() or v.is_graph_output())]
+        if self.form in SKIP_FORMS and (3 in used) != (self.form is skip_simplified_layer_normalization_and_sum):
+            return pattern.MatchResult().fail("the other skip form writes the sum")  # (onnxscript 0.7 matches
+            # a pattern of four outputs on a node of one, and one output on a node whose others are used)
+        if node.op_type in NORM_OPS:
+            epsilon = node.attributes.get_float("epsilon", DEFAULT_EPSILONS[node.op_type])
+        else:  # the decomposed chain: its constant
+            epsilon = constant(epsilon)
+            epsilon = float(epsilon) if epsilon is not None and epsilon.size == 1 else None
+        reason = why_not_served(node, x, scale, epsilon, x if stats is None else stats, mean) or (
+            "its mean or inverse-RMS output is used" if {1, 2} & set(used) else None)
+        name = node_name(node)
+        if reason:
+            self.found["left"][name] = reason
+            self.found["matched"].update(n.name for n in (node, mean and mean.producer()) if n is not None)
+            return pattern.MatchResult().fail(reason)
+        cast = "absorbed" if self.cast_back and dtype != scale_dtype else (
+            "appended" if dtype != scale_dtype else "")
+        self.found["left"].pop(name, None)
+        self.pending = Replaced(name, self.name, (), scale.name, "", sample.validate_epsilon(epsilon), dtype,
+                                scale_dtype, cast)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, x, skip, scale, norm, out=None, total=None, **_):
+        node, replaced = norm.producer(), self.pending
+        parts = (x, skip) if self.form in SKIP_FORMS else (x,)
+        if self.form in SKIP_FORMS:  # TensorRT's own add (and bias, a fourth input), then the plugin
+            x = op.Add(x, skip, _name=f"{replaced.name}/residual_add")
+            if len(node.inputs) > 3 and node.inputs[3] is not None:
+                x = op.Add(x, node.inputs[3], _name=f"{replaced.name}/bias_add")
+            x.dtype, x.shape = parts[0].dtype, parts[0].shape
+        y = op.RmsNormPlugin(x, scale, _name=replaced.name, epsilon=replaced.epsilon,
+                             plugin_version=sample.PLUGIN_VERSION, plugin_namespace=sample.PLUGIN_NAMESPACE)
+        y.dtype, y.shape = x.dtype, x.shape  # the plugin's Y: X's dtype and shape
+        if replaced.cast == "appended":  # ONNX's Y has the scale's dtype, the plugin's X's
+            y = op.Cast(y, to=scale.dtype, _name=f"{replaced.name}/to_scale_dtype")
+        checked = (out if self.cast_back else norm).name
+        self.found["replaced"].append(
+            Replaced(**{**replaced.__dict__, "x": tuple(v.name for v in parts), "y": checked}))
+        return (y, x) if total is not None else y
+
+
+def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
+    """None if the plugin computes what this match computes, else why not (one clause)."""
+    shape = x.shape
+    if x.dtype is None:
+        return "X has no known dtype"
+    if shape is None or len(shape) < 2:
         return "X needs a known rank of 2 or more"
-    axis = attrs.get("axis", -1)
-    if axis not in (-1, len(x_shape) - 1):
-        return f"it normalizes from axis {axis}; the plugin normalizes over the last axis only"
-    if attrs.get("stash_type", 1) != 1:
-        return "stash_type is not 1 (FP32); the plugin computes in FP32"
-    if x_shape[-1] is None:
+    rank = len(shape)
+    if mean is None:  # an op: it normalizes from `axis` to the last axis
+        axis = node.attributes.get_int("axis", -1)
+        if axis not in (-1, rank - 1):
+            return f"it normalizes from axis {axis}; the plugin normalizes over the last axis only"
+        if node.attributes.get_int("stash_type", 1) != 1:
+            return "stash_type is not 1 (FP32); the plugin computes in FP32"
+    else:
+        reduce = mean.producer()
+        axes = constant(reduce.inputs[1]) if len(reduce.inputs) > 1 else reduce.attributes.get_ints("axes", None)
+        if axes is None or [a % rank if -rank <= a < rank else a for a in np.ravel(axes)] != [rank - 1]:
+            return f"its mean is over axes {None if axes is None else list(np.ravel(axes))}; the plugin " \
+                   "normalizes over the last axis only"
+        if reduce.attributes.get_int("keepdims", 1) != 1:
+            return "its mean drops the reduced axis (keepdims=0)"
+        if stats.dtype != ir.DataType.FLOAT:
+            return f"it computes its statistics in {DTYPE_NAMES.get(stats.dtype, stats.dtype)}; the plugin " \
+                   "computes them in FP32"
+    hidden = shape[-1]
+    if not isinstance(hidden, int):
         return "the last dimension of X is dynamic; the plugin compiles it into the kernel"
-    if not 1 <= x_shape[-1] <= sample.MAX_HIDDEN:
-        return f"the last dimension of X is {x_shape[-1]}, outside [1, {sample.MAX_HIDDEN}]"
-    if scale_shape != [x_shape[-1]]:
-        return f"scale must be 1-D of length {x_shape[-1]}, got shape {scale_shape}"
-    if scale_type != x_type or ONNX_DTYPES.get(x_type) not in served_dtypes():
-        # ONNX gives Y the scale's type, the plugin X's: the two must be the same dtype.
-        names = [ONNX_DTYPES.get(t, onnx.TensorProto.DataType.Name(t)) for t in (x_type, scale_type)]
-        return f"X is {names[0]} and scale {names[1]}; the plugin serves X and scale of one dtype of {served_dtypes()}"
+    if not 1 <= hidden <= sample.MAX_HIDDEN:
+        return f"the last dimension of X is {hidden}, outside [1, {sample.MAX_HIDDEN}]"
+    if scale.shape is None or list(scale.shape) != [hidden]:
+        return f"scale must be 1-D of length {hidden}, got shape {None if scale.shape is None else list(scale.shape)}"
+    dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
+    if dtype not in sample.ACTIVATION_DTYPES or scale_dtype not in sample.WEIGHT_DTYPES:
+        return f"X is {dtype} and scale {scale_dtype}; the plugin takes X of {list(sample.ACTIVATION_DTYPES)} " \
+               f"and scale of {list(sample.WEIGHT_DTYPES)}"
+    if epsilon is None:
+        return "its epsilon is not one constant"
+    try:
+        sample.validate_epsilon(epsilon)
+    except ValueError:
+        return f"epsilon {epsilon:g} is not finite and > 0 in float32, as the plugin requires"
     return None
 
 
-def served_dtypes() -> list:
-    """The dtypes the plugin takes for X, W and Y all at once."""
-    return [d for d in sample.ACTIVATION_DTYPES if d in sample.WEIGHT_DTYPES]
-
-
-def rewrite_model(model: onnx.ModelProto):
-    """(rewritten model, [Replaced], {name of a node left to TensorRT: why}).
+def rewrite_model(model: ir.Model):
+    """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm left to TensorRT: why}).
 
     TensorRT's ONNX parser builds a node whose op type it does not know from
     the plugin registry: the creator named like the op, its version and
     namespace from the node's plugin_version / plugin_namespace attributes,
     every other attribute handed to create_plugin as a PluginField.
     """
-    types = tensor_types(model)
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    replaced, left = [], {}
-    for i, node in enumerate(model.graph.node):
-        if node.op_type != "RMSNormalization" or node.domain not in ("", "ai.onnx"):
-            continue
-        reason = why_not_served(node, types)
-        if reason:
-            left[node.name or f"node {i}"] = reason
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        epsilon = float(attrs.get("epsilon", 1e-5))  # ONNX's default
-        rewritten.graph.node[i].CopyFrom(helper.make_node(
-            sample.PLUGIN_NAME, list(node.input), list(node.output), name=node.name, epsilon=epsilon,
-            plugin_version=sample.PLUGIN_VERSION, plugin_namespace=sample.PLUGIN_NAMESPACE))
-        replaced.append(Replaced(node.name or f"node {i}", node.input[0], node.input[1], node.output[0], epsilon,
-                                 ONNX_DTYPES[types[node.input[0]][0]]))
-    return rewritten, replaced, left
+    found = {"replaced": [], "left": {}, "matched": set()}
+    for cast_back in (True, False):
+        rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
+        pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
+                               commute=True).apply_to_model(model)
+    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares.
+    for node in model.graph:
+        square = node.inputs[0].producer() if node.op_type == "ReduceMean" and node.inputs else None
+        is_square = square is not None and (square.op_type == "Pow" and constant(square.inputs[1]) == 2
+                                            or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
+        name = node_name(node)
+        if (node.op_type in NORM_OPS or is_square) and name not in found["left"].keys() | found["matched"]:
+            found["left"][name] = f"a {node.op_type} that matches no form served (or a value inside it is " \
+                                  "also used elsewhere)"
+    return found["replaced"], found["left"]
 
 
-def input_shapes(model: onnx.ModelProto, min_tokens: int, opt_tokens: int, max_tokens: int) -> dict:
-    """{graph input: (min, opt, max) shapes}: the one dynamic dimension takes the token flags.
+# %% [3] The report, and the rewritten model for your own pipeline ---------------
 
-    Raises UsageError for a model the flags cannot describe: an input of unknown
-    rank or of a dtype other than fp16/bf16/fp32, or more than one dynamic
-    dimension (two inputs sharing one dimension name count once).
+
+def print_report(replaced: list, left: dict):
+    """What the plugin took, and what it left to TensorRT and why: one line per RMSNorm."""
+    print(f"Replaced by {sample.PLUGIN_NAME} ({len(replaced)}):")
+    for node in replaced:
+        cast = {"absorbed": ", absorbing the Cast back", "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
+        print(f"  {node.name}: {node.form}, X {node.dtype}, scale {node.scale_dtype}, epsilon {node.epsilon:g}{cast}")
+    print(f"Left to TensorRT ({len(left)}):")
+    for name, why in left.items():
+        print(f"  {name}: {why}")
+
+
+def save_model(model: ir.Model, path: str):
+    """Write `model` to `path` through a temporary file beside it; external weights stay where they are.
+
+    The rewritten graph refers to the same external data files by relative
+    path, so it is written into their directory; nothing a user saved is left
+    half-written if the write fails.
     """
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
-    dynamic, shapes = set(), {}
-    for graph_input in inputs:
-        tensor = graph_input.type.tensor_type
-        if tensor.elem_type not in ONNX_DTYPES or not tensor.HasField("shape"):
-            raise sample.UsageError(f"model input '{graph_input.name}' needs a known shape and a dtype of "
-                                    f"{list(sample.DTYPES)} for random inputs")
+    folder = os.path.dirname(os.path.abspath(path))
+    elsewhere = external_data_dirs(model) - {folder}
+    if elsewhere:
+        raise sample.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
+                                "data, which the rewritten model refers to")
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.partial")
+    try:
+        ir.save(model, temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise sample.UsageError(f"cannot write -o '{path}' ({exc.strerror})") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+
+
+# %% [4] The profile: every dynamic dimension, from the flags ---------------------
+#
+# Shapes named per input (trtexec's spelling) fix their dimensions, and any
+# input sharing a dimension's name; what is left may be one dynamic dimension,
+# which the token flags set.
+
+
+def model_inputs(model: ir.Model) -> list:
+    """The graph inputs a caller feeds (old models also list their initializers as inputs)."""
+    return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+
+
+def input_profile(model: ir.Model, args) -> dict:
+    """{input name: (min, opt, max) shapes}; UsageError naming a dimension the flags cannot describe."""
+    named = {p: getattr(args, f"{p}_shapes") or {} for p in ("min", "opt", "max")}
+    inputs = {v.name: v for v in model_inputs(model)}
+    unknown = sorted(set(named["min"]) - set(inputs))
+    if unknown:
+        raise sample.UsageError(f"the model has no input '{unknown[0]}' (its inputs: {', '.join(inputs)})")
+    sizes = {}  # dimension name -> (min, opt, max), from the named inputs
+    for name in named["min"]:
+        dims = list(inputs[name].shape or [])
+        given = [named[p][name] for p in ("min", "opt", "max")]
+        if any(len(shape) != len(dims) for shape in given):
+            raise sample.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given for it are "
+                                    + ", ".join("x".join(map(str, s)) for s in given))
+        for axis, dim in enumerate(dims):
+            values = tuple(shape[axis] for shape in given)
+            if isinstance(dim, int) and values != (dim,) * 3:
+                raise sample.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
+            if not values[0] <= values[1] <= values[2]:
+                raise sample.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= max, got {values}")
+            key = dim.value if not isinstance(dim, int) and dim.value else f"{name}[{axis}]"
+            if sizes.setdefault(key, values) != values:
+                raise sample.UsageError(f"dimension '{key}' is {sizes[key]} in one input and {values} in '{name}'")
+    tokens, token_dimension, profile = (args.min_tokens, args.opt_tokens, args.max_tokens), None, {}
+    for name, value in inputs.items():
+        if value.shape is None or value.dtype is None:
+            raise sample.UsageError(f"model input '{name}' needs a known shape and dtype")
         dims = []
-        for axis, dim in enumerate(tensor.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
-                dims.append(dim.dim_value)
-            else:
-                dynamic.add(dim.dim_param or f"{graph_input.name}[{axis}]")
-                dims.append(None)
-        shapes[graph_input.name] = dims
-    if len(dynamic) > 1:
-        raise sample.UsageError(f"the model has {len(dynamic)} dynamic dimensions ({', '.join(sorted(dynamic))}); "
-                                "--min/--opt/--max-tokens describe one")
-    return {name: tuple(tuple(n if d is None else d for d in dims) for n in (min_tokens, opt_tokens, max_tokens))
-            for name, dims in shapes.items()}
+        for axis, dim in enumerate(value.shape):
+            key = dim if isinstance(dim, int) else dim.value or f"{name}[{axis}]"
+            if not isinstance(key, int) and key not in sizes:
+                if token_dimension is not None:
+                    raise sample.UsageError(
+                        f"input '{name}' dimension '{key}' is a second dynamic dimension besides "
+                        f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the inputs' shapes "
+                        "with --min-shapes, --opt-shapes and --max-shapes")
+                token_dimension, sizes[key] = key, tokens
+            dims.append((key,) * 3 if isinstance(key, int) else sizes[key])
+        profile[name] = tuple(tuple(d[k] for d in dims) for k in range(3))
+    return profile
 
 
-def with_outputs(model: onnx.ModelProto, names) -> bytes:
-    """The model serialized with `names` added to its outputs, so that both engines return those tensors."""
-    types = tensor_types(model)
-    marked = onnx.ModelProto()
-    marked.CopyFrom(model)
-    present = {o.name for o in model.graph.output}
-    for name in dict.fromkeys(names):
-        if name not in present:
-            elem, shape = types[name]
-            marked.graph.output.append(helper.make_tensor_value_info(name, elem, shape and [
-                d if d is not None else f"{name}_{k}" for k, d in enumerate(shape)]))
-    return marked.SerializeToString()
+# %% [5] Inputs a model accepts ----------------------------------------------------
+#
+# Random normal values drive activations and caches, not token ids: an integer
+# input that indexes an embedding (a Gather's indices) gets ids below the
+# table's row count, a mask ones, positions 0, 1, 2, ... along the last axis.
 
 
-def run_engine(engine, feeds: dict) -> dict:
-    """{output name: float64 array} of one run on these torch CUDA tensors (no Polygraphy runner, as in run_and_check)."""
-    trt = sample.trt
+INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.BOOL: torch.bool}
+
+
+def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
+    """{input name: torch CPU tensor} for one shape of each input, deterministic in `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    values = {}
+    for value in model_inputs(model):
+        name, shape = value.name, shapes[value.name]
+        if value.dtype in DTYPE_NAMES:
+            dtype = getattr(torch, sample.DTYPES[DTYPE_NAMES[value.dtype]].torch)
+            values[name] = torch.randn(shape, generator=gen).to(dtype)
+            continue
+        if value.dtype not in INTEGER_DTYPES:
+            raise sample.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
+                                    "float32 and integer inputs")
+        dtype = INTEGER_DTYPES[value.dtype]
+        tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
+        if "mask" in name.lower():
+            values[name] = torch.ones(shape, dtype=dtype)
+        elif "position" in name.lower():
+            values[name] = torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
+        elif tables and tables[0] is not None and isinstance(tables[0][0], int):
+            values[name] = torch.randint(0, tables[0][0], shape, generator=gen).to(dtype)
+        else:
+            raise sample.UsageError(f"model input '{name}' is {value.dtype} but neither token ids (a Gather's "
+                                    "indices), a mask nor positions, so the comparison cannot choose its values")
+    return values
+
+
+# %% [6] Both engines, from the files -----------------------------------------------
+#
+# TensorRT's parser reads each model by path, so external data is read by
+# TensorRT from beside the file. Both engines also return every replaced
+# node's inputs and output, where the check looks.
+
+
+@contextlib.contextmanager
+def beside_its_data(model: ir.Model):
+    """A temporary path for `model`, in a directory that links its external data files."""
+    with tempfile.TemporaryDirectory(prefix="rmsnorm-") as folder:
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                link = os.path.join(folder, tensor.location)
+                if not os.path.lexists(link):
+                    os.makedirs(os.path.dirname(link), exist_ok=True)
+                    os.symlink(os.path.join(os.path.abspath(tensor.base_dir), tensor.location), link)
+        path = os.path.join(folder, "model_rmsnorm.onnx")
+        ir.save(model, path)
+        yield path
+
+
+def build_engine(path: str, watched: list, profile: dict):
+    """Parse the model at `path`, also mark `watched` as outputs, and build it for `profile`."""
+    from polygraphy.backend.trt import modify_network_outputs, network_from_onnx_path
+
+    sample.register_creator()  # the parser looks an op type it does not know up in the registry
+    with sample.tensorrt_stage("ONNX parse"):
+        builder, network, parser = network_from_onnx_path(path, strongly_typed=True)
+        outputs = [network.get_output(i).name for i in range(network.num_outputs)]
+        network = modify_network_outputs((builder, network, parser), outputs=list(dict.fromkeys(outputs + watched)))
+    return sample.build_from_network(network, profile)
+
+
+# %% [7] Run and compare --------------------------------------------------------
+#
+# ONNX's RMSNormalization (stash_type=1, what exporters write) rounds twice:
+# x/rms to X's dtype, then its product with the scale, in the scale's dtype;
+# the decomposed chains round the same way or less. The plugin rounds once, to
+# X's dtype. One rounding to a dtype with p fraction bits errs by at most
+# u = 2^-(p+1) relative, and the errors compound: each side is within
+# prod(1 + u) - 1 of exact RMSNorm over its roundings, and the two engines
+# within the sum of both. For X and scale of one dtype that is 3u + u^2: one
+# ulp of Y at some elements, by definition. FP32_NOISE covers the FP32
+# arithmetic before the roundings (a tree sum of up to 32768 squares and a
+# square root: about 20 FP32 roundings, 2^-19.7). In the subnormal range each
+# rounding errs by half the subnormal spacing instead, times |scale| at most.
+
+FP32_NOISE = 2.0 ** -18
+TORCH_DTYPES = {"HALF": torch.float16, "BF16": torch.bfloat16, "FLOAT": torch.float32, "INT32": torch.int32,
+                "INT64": torch.int64, "BOOL": torch.bool}
+
+
+def rounding_error(dtype: str) -> float:
+    """u: the largest relative error of one rounding to `dtype`, 2^-(fraction bits + 1)."""
+    return torch.finfo(getattr(torch, sample.DTYPES[dtype].torch)).eps / 2
+
+
+def roundings(node: Replaced):
+    """(the plugin's, TensorRT's import's): the dtype of every rounding on the way from X to the compared Y."""
+    ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
+    theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
+        + ([node.dtype] if node.cast == "absorbed" else [])
+    if len(node.x) > 1:  # SkipSimplifiedLayerNormalization: the sum is X; one rounding of it moves Y by 2u
+        ours, theirs = ours + [node.dtype] * 2, theirs + [node.dtype] * 2
+    return ours, theirs
+
+
+def onnx_tolerance(dtypes) -> float:
+    """Relative bound of a computation rounding to each of `dtypes` in turn, against exact RMSNorm."""
+    return math.prod(1 + rounding_error(d) for d in dtypes) - 1 + FP32_NOISE
+
+
+def engines_tolerance(node: Replaced, magnitude, scale):
+    """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is `magnitude`."""
+    ours, theirs = roundings(node)
+    spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in ours + theirs]
+    return (onnx_tolerance(ours) + onnx_tolerance(theirs)) * magnitude \
+        + sum(f.tiny * f.eps / 2 for f in spacings) * (1 + np.abs(scale))
+
+
+def bind(engine, feeds: dict):
+    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs bound."""
     context = engine.create_execution_context()
     for name, value in feeds.items():
         context.set_input_shape(name, tuple(value.shape))
         context.set_tensor_address(name, value.data_ptr())
-    by_trt = {getattr(trt.DataType, names.trt): getattr(torch, names.torch) for names in sample.DTYPES.values()}
     outputs = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT:
-            outputs[name] = torch.full(tuple(context.get_tensor_shape(name)), float("nan"),
-                                       dtype=by_trt[engine.get_tensor_dtype(name)], device="cuda")
+        if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
+            dtype = TORCH_DTYPES[engine.get_tensor_dtype(name).name]
+            outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+            if dtype.is_floating_point:
+                outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
             context.set_tensor_address(name, outputs[name].data_ptr())
+    return context, outputs
+
+
+def run_engine(engine, feeds: dict) -> dict:
+    """{output name: float64 array} of one run on these torch CUDA tensors."""
+    context, outputs = bind(engine, feeds)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs were written on torch's stream
     if not context.execute_async_v3(stream.cuda_stream):
@@ -197,62 +687,136 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
 
     The two engines may feed the node different X (a difference carried from
     earlier replaced nodes), so the bound adds what exact RMSNorm makes of
-    that input difference, computed here in float64, to the rounding bound of
-    [7] in the sample (three roundings: the plugin's one, ONNX's two).
+    that input difference, computed here in float64.
     """
     def tensor(run, name):  # a graph input or initializer, else what the engine returned for it
         return values[name] if name in values else run[name]
 
     scale = tensor(theirs, node.scale)
-    exact_ours = sample.rms_norm_reference(tensor(ours, node.x), scale, node.epsilon)
-    exact_theirs = sample.rms_norm_reference(tensor(theirs, node.x), scale, node.epsilon)
+    exact_ours, exact_theirs = (sample.rms_norm_reference(sum(tensor(run, part) for part in node.x), scale,
+                                                          node.epsilon) for run in (ours, theirs))
     a, b = ours[node.y], theirs[node.y]
-    bound = (np.abs(exact_ours - exact_theirs)
-             + sample.engines_tolerance(node.dtype, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale))
+    bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
+        node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
     ok = bool(np.all(np.isfinite(a)) and np.all(np.abs(a - b) <= bound))
     return ok, float(np.max(np.abs(a - b), initial=0.0))
 
 
-def random_inputs(shapes: dict, model: onnx.ModelProto, seed: int) -> dict:
-    """{input name: torch CUDA tensor} of standard normal values in each input's dtype."""
-    gen = torch.Generator().manual_seed(seed)
-    dtypes = {i.name: ONNX_DTYPES[i.type.tensor_type.elem_type] for i in model.graph.input}
-    return {name: torch.randn(shape, generator=gen).to(getattr(torch, sample.DTYPES[dtypes[name]].torch)).cuda()
-            for name, shape in shapes.items()}
+# %% [8] Time both engines --------------------------------------------------------
+#
+# CUDA events around many execute_async_v3 calls on one stream measure what an
+# application sees per call, which for a Python plugin includes the Python
+# enqueue on the host.
 
 
-def check_model(args) -> bool:
-    """--from-onnx MODEL.onnx: rewrite, build both, run at min/opt/max; whether every replaced node matched."""
-    model = load_model(args.from_onnx)
-    rewritten, replaced, left = rewrite_model(model)
-    if not replaced:
-        reasons = "; ".join(f"{name}: {why}" for name, why in left.items()) or "it has no RMSNormalization node"
-        raise sample.UsageError(f"the plugin replaces no node of '{args.from_onnx}', so nothing would be "
-                                f"compared ({reasons})")
-    profile = input_shapes(model, args.min_tokens, args.opt_tokens, args.max_tokens)
+def time_engine(engine, feeds: dict, iterations: int = 200) -> float:
+    """Microseconds per execute_async_v3 call on these inputs, after 20 calls of warm-up."""
+    context, _ = bind(engine, feeds)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for calls in (20, iterations):  # the first round warms up, the second is timed
+        start.record(stream)
+        for _ in range(calls):
+            context.execute_async_v3(stream.cuda_stream)
+        end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iterations
+
+
+def verdict(ratios: list) -> str:
+    """Which engine to deploy, from plugin / TensorRT time ratios at the profile's shapes."""
+    if all(r < 1 for r in ratios):
+        return "deploy the plugin: it is faster at every profiled shape"
+    if all(r > 1 for r in ratios):
+        return "deploy TensorRT's own import: it is faster at every profiled shape"
+    return "mixed: the plugin wins only at some shapes; measure at your real shapes"
+
+
+# %% [9] Command line: report, write, build both, compare, time ----------------------
+
+
+def one_node_model(args) -> ir.Model:
+    """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to X's dtype
+    where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin absorbs it."""
+    dtype, w_dtype = (ir.DataType[sample.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
+    gen = torch.Generator().manual_seed(args.seed)
+    weights = (torch.rand(args.hidden_dim, generator=gen) * 2.0 - 0.5).to(
+        getattr(torch, sample.DTYPES[args.weight_dtype].torch))
+    x = ir.Value(name="X", type=ir.TensorType(dtype), shape=ir.Shape(["num_tokens", args.hidden_dim]))
+    scale = ir.Value(name="W", type=ir.TensorType(w_dtype), shape=ir.Shape([args.hidden_dim]),
+                     const_value=ir.Tensor(weights, dtype=w_dtype, name="W"))
+    norm = ir.node("RMSNormalization", [x, scale], {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1},
+                   name="rms_norm")
+    nodes, y = [norm], norm.outputs[0]
+    y.name, y.dtype, y.shape = "Y", w_dtype, x.shape
+    if w_dtype != dtype:
+        y.name = "Y_scaled"
+        nodes.append(ir.node("Cast", [y], {"to": dtype}, name="to_x_dtype"))
+        y = nodes[-1].outputs[0]
+        y.name, y.dtype, y.shape = "Y", dtype, x.shape
+    graph = ir.Graph([x], [y], nodes=nodes, initializers=[scale], opset_imports={"": 23}, name="rms_norm")
+    return ir.Model(graph, ir_version=11)
+
+
+def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list, profile: dict, seed: int):
+    """Build both, run both at the profile's min, opt and max, check every replaced node, time both."""
+    inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, seed + k)
+              for k in range(3)]  # first, so that an input it cannot feed is refused before any build
     sample.check_environment()
-    print(f"Replaced by {sample.PLUGIN_NAME}: {', '.join(node.name for node in replaced)}")
-    for name, why in left.items():
-        print(f"Left to TensorRT: {name}: {why}")
-
-    # Both engines also return every replaced node's input and output, where the check looks.
-    initializers = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
-    watched = [t for node in replaced for t in (node.x, node.scale, node.y) if t not in initializers
-               and t not in profile]
-    sample.register_creator()
-    engines = [sample.build_onnx_engine(with_outputs(m, watched), profile) for m in (rewritten, model)]
-    graph_outputs = [o.name for o in model.graph.output]
-    correct = True
-    for k, point in enumerate(("min", "opt", "max")):
-        feeds = random_inputs({name: shapes[k] for name, shapes in profile.items()}, model, args.seed + k)
+    watched = list(dict.fromkeys(t for node in replaced for t in (*node.x, node.scale, node.y)
+                                 if t not in original.graph.initializers and t not in profile))
+    with beside_its_data(rewritten) as path:
+        engines = [build_engine(path, watched, profile), build_engine(model_path, watched, profile)]
+    weights = {node.scale: original.graph.initializers[node.scale].const_value.numpy().astype(np.float64)
+               for node in replaced if node.scale in original.graph.initializers}
+    correct, ratios = True, []
+    for point, host in zip(("min", "opt", "max"), inputs):
+        feeds = {name: value.cuda() for name, value in host.items()}
         with sample.tensorrt_stage("execution context"):
             ours, theirs = (run_engine(engine, feeds) for engine in engines)
-        values = {**initializers, **{name: v.double().cpu().numpy() for name, v in feeds.items()}}
+            times = [time_engine(engine, feeds) for engine in engines]
+        values = {**weights, **{name: v.double().numpy() for name, v in host.items()}}
         print(f"  {point}: {', '.join(f'{n} {tuple(v.shape)}' for n, v in feeds.items())}")
-        for name in graph_outputs:
+        for name in (v.name for v in original.graph.outputs):
             print(f"    output {name}: max |plugin - TensorRT| = {np.max(np.abs(ours[name] - theirs[name])):.3e}")
         for node in replaced:
             ok, diff = check_replaced(ours, theirs, values, node)
             print(f"    {node.name} ({node.y}): max |plugin - TensorRT| = {diff:.3e}  {'ok' if ok else 'MISMATCH'}")
             correct &= ok
+        ratios.append(times[0] / times[1])
+        print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import {times[1]:8.2f} us   "
+              f"plugin / TensorRT {ratios[-1]:.2f}")
+    print(f"For these shapes: {verdict(ratios)}.")
     return correct
+
+
+def main(args) -> int:
+    """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT error."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="rmsnorm-") as folder:
+            path = args.model
+            if path is None:
+                path = os.path.join(folder, "rms_norm.onnx")
+                ir.save(one_node_model(args), path)
+            rewritten, original = load_model(path), load_model(path)
+            replaced, left = rewrite_model(rewritten)
+            print_report(replaced, left)
+            if args.output:
+                save_model(rewritten, args.output)
+                print(f"Wrote the rewritten model to {args.output}")
+            if args.report_only:
+                return sample.EXIT_CORRECT
+            if not replaced:
+                raise sample.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing would be compared")
+            profile = input_profile(original, args)
+            correct = compare(path, rewritten, original, replaced, profile, args.seed)
+    except (sample.UsageError, sample.TensorRTError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return sample.EXIT_USAGE
+    print("Inference result correct!" if correct else "Inference result incorrect!")
+    return sample.EXIT_CORRECT if correct else sample.EXIT_INCORRECT
+
+
+if __name__ == "__main__":
+    sys.exit(main(ARGS))

@@ -1,11 +1,30 @@
-"""ONNX models for the --from-onnx tests: a decoder-style block exported by torch, and one-node models.
+"""ONNX models for the companion's tests (rms_norm_onnx_model.py), made the way users make them.
 
-The decoder is made by torch.onnx.export (the dynamo exporter, which needs
-onnxscript) at opset 23, where torch.nn.RMSNorm becomes ONNX's own
-RMSNormalization: the model a user exports, not one written to suit the
-rewrite. The one-node models, written with onnx.helper, vary one attribute at
-a time to show which nodes the plugin leaves to TensorRT.
+Small decoders built by ``transformers`` from their configs (random weights,
+nothing downloaded: hidden 64, two layers, a vocabulary of 128), exported
+through the routes LLM users take:
+
+* ``torch.onnx.export(dynamo=True)`` at opset 23: ONNX's RMSNormalization
+  (Llama, X and scale fp16; Gemma, X fp16 and its ``1 + w`` folded into an fp32
+  scale, followed by a Cast back to fp16), weights in external data;
+* the same exporter at torch's default opset (20 in torch 2.13): the
+  decomposed Cast, Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Cast, Mul chain
+  (Qwen3, bf16, whose q/k norms run over the head dimension of rank-4 tensors);
+* the TorchScript exporter (``dynamo=False``) at opset 17: the chain with
+  ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama fp16, Gemma
+  fp32), and at opset 18 without constant folding, where Gemma's ``1 + w``
+  stays an Add (fp16, the Cast back to fp16 after an fp32 product);
+* onnxruntime-genai's model builder (``-p fp16``), weights in external data:
+  for its CUDA target SimplifiedLayerNormalization and com.microsoft
+  SkipSimplifiedLayerNormalization, for its TensorRT-RTX target the chain with
+  ``Div(1, Sqrt)``.
+
+Each model is made once per test session (see test_onnx_model.py's fixtures).
+The one-node models, written with onnx.helper, vary one attribute at a time.
 """
+
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -13,44 +32,93 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 HIDDEN = 64
-BATCH = 2  # static; the sequence length is the model's one dynamic dimension
+VOCAB = 128
+CONFIG = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=32, vocab_size=VOCAB, max_position_embeddings=256)
 
 
-class Decoder(torch.nn.Module):
-    """X -> RMSNorm -> Linear (a MatMul) -> residual add -> RMSNorm, fp16 weights."""
+def decoder(family: str, dtype: str, seed: int = 0):
+    """A transformers causal LM of `family` ("llama", "gemma", "qwen3") with random weights, in `dtype`."""
+    import transformers
 
-    def __init__(self, hidden=HIDDEN):
-        super().__init__()
-        self.norm_in = torch.nn.RMSNorm(hidden, eps=1e-5)
-        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
-        self.norm_out = torch.nn.RMSNorm(hidden, eps=1e-6)
-
-    def forward(self, x):
-        return self.norm_out(x + self.proj(self.norm_in(x)))
-
-
-def export_decoder(path, dtype=torch.float16, seed=0):
-    """Export Decoder with random weights (the two norms' scales differ) to `path`; returns the module."""
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[family]
     torch.manual_seed(seed)
-    module = Decoder().to(dtype).eval()
-    with torch.no_grad():
-        module.norm_in.weight.uniform_(0.5, 1.5)
-        module.norm_out.weight.uniform_(-1.0, 1.0)
-    x = torch.randn(BATCH, 5, HIDDEN, dtype=dtype)
-    seq = torch.export.Dim("seq", min=1, max=4096)
-    program = torch.onnx.export(module, (x,), None, opset_version=23, dynamo=True,
-                                dynamic_shapes=({1: seq},), verbose=False)
-    program.save(str(path))
-    return module
+    model = model_class(config_class(**CONFIG)).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():  # norm weights other than the initial ones, so that a dropped scale shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(-0.5, 1.5)
+    return model
+
+
+class LogitsOnly(torch.nn.Module):
+    """(input_ids, attention_mask) -> logits, without a cache: what an exporter's user writes around the model."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def example_inputs():
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    return ids, torch.ones_like(ids)
+
+
+def export_dynamo(path, family, dtype, opset=23, external_data=False):
+    """torch.onnx.export(dynamo=True) at `opset` (None: torch's default), batch and sequence dynamic."""
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=256)
+    dims = {0: batch, 1: seq}
+    program = torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), None, dynamo=True,
+                                input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                                dynamic_shapes=(dims, dims), verbose=False,
+                                **({"opset_version": opset} if opset else {}))
+    program.save(str(path), external_data=external_data)
+    return path
+
+
+def export_torchscript(path, family, dtype, opset=17, fold=True):
+    """The TorchScript exporter (dynamo=False), as Optimum and older scripts use it; fold=False keeps Gemma's
+    1 + w an Add in the graph (do_constant_folding=False)."""
+    dims = {0: "batch", 1: "sequence"}
+    torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), str(path), dynamo=False, opset_version=opset,
+                      input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                      dynamic_axes={"input_ids": dims, "attention_mask": dims}, do_constant_folding=fold)
+    return path
+
+
+def export_genai(folder, target="cuda"):
+    """onnxruntime-genai's model builder on a Llama saved with save_pretrained (and a word-level tokenizer,
+    which the builder copies), in fp16 for `target` ("cuda"; "NvTensorRtRtx" writes the decomposed chain
+    instead of onnxruntime's norms); returns the model's path."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    source = folder / "hf_llama"
+    decoder("llama", "float16").save_pretrained(source)
+    vocab = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    vocab.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(source)
+    out = folder / "genai"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(out),
+                    "-p", "fp16", "-e", target, "-c", str(folder / "cache")], check=True, capture_output=True,
+                   timeout=600)
+    return out / "model.onnx"
 
 
 def one_node_model(x_shape, scale_shape=(HIDDEN,), x_type=TensorProto.FLOAT16, scale_type=None, **attrs):
-    """One RMSNormalization node, X a graph input, scale an initializer; attrs override the defaults."""
+    """One RMSNormalization node, X a graph input, scale an initializer; attrs are the node's only attributes
+    (none given: ONNX's defaults apply, as in exporters' output that leaves them out)."""
     scale_type = x_type if scale_type is None else scale_type
     scale = numpy_helper.from_array(np.linspace(0.5, 1.5, int(np.prod(scale_shape))).reshape(scale_shape).astype(
         helper.tensor_dtype_to_np_dtype(scale_type)), "scale")
-    node = helper.make_node("RMSNormalization", ["X", "scale"], ["Y"], name="norm",
-                            **{"axis": -1, "epsilon": 1e-5, "stash_type": 1, **attrs})
+    node = helper.make_node("RMSNormalization", ["X", "scale"], ["Y"], name="norm", **attrs)
     graph = helper.make_graph([node], "one_norm", [helper.make_tensor_value_info("X", x_type, list(x_shape))],
                               [helper.make_tensor_value_info("Y", scale_type, list(x_shape))], initializer=[scale])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
@@ -61,3 +129,75 @@ def one_node_model(x_shape, scale_shape=(HIDDEN,), x_type=TensorProto.FLOAT16, s
 def save(model, path):
     onnx.save(model, str(path))
     return path
+
+
+def genai_style_model():
+    """SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization as onnxruntime-genai's builder writes them.
+
+    Written with onnx.helper, mirroring the builder's output for a Llama (``-e cuda -p fp16``, version 0.18):
+    its node names, the norm in ONNX's domain and the skip norms in com.microsoft's, epsilon and nothing else as
+    attributes, ``""`` for the unused mean and inverse-RMS outputs, the fourth output (the residual sum) on all
+    but the last skip norm, and value_info for every tensor. MatMuls stand in for its attention, which TensorRT
+    cannot import (GroupQueryAttention is an onnxruntime op); test_onnx_model.py checks the real builder's
+    output against the same expectations.
+    """
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.uniform(-0.5, 1.5, shape) / (shape[0] if len(shape) > 1 else 1)
+                                        ).astype(np.float16), name)
+
+    act = ["batch_size", "sequence_length", HIDDEN]
+    embedded, normed, attn = "/model/embed_tokens/Gather/output_0", "/model/layers.0/input_layernorm/output_0", \
+        "/model/layers.0/attn/o_proj/MatMul/output_0"
+    post, residual, mlp = "/model/layers.0/post_attention_layernorm/output_0", \
+        "/model/layers.0/post_attention_layernorm/output_3", "/model/layers.0/mlp/down_proj/MatMul/output_0"
+    final = "/model/layers.1/final_norm_layernorm/output_0"
+    nodes = [
+        helper.make_node("Gather", ["model.embed_tokens.weight", "input_ids"], [embedded], name="/model/embed_tokens/Gather"),
+        helper.make_node("SimplifiedLayerNormalization", [embedded, "model.layers.0.input_layernorm.weight"], [normed],
+                         name="/model/layers.0/input_layernorm/LayerNorm", epsilon=1e-6, axis=-1, stash_type=1),
+        helper.make_node("MatMul", [normed, "attn.weight"], [attn], name="/model/layers.0/attn/o_proj/MatMul"),
+        helper.make_node("SkipSimplifiedLayerNormalization", [embedded, attn, "model.layers.0.post_attention_layernorm.weight"],
+                         [post, "", "", residual], name="/model/layers.0/post_attention_layernorm/SkipLayerNorm",
+                         domain="com.microsoft", epsilon=1e-6),
+        helper.make_node("MatMul", [post, "mlp.weight"], [mlp], name="/model/layers.0/mlp/down_proj/MatMul"),
+        helper.make_node("SkipSimplifiedLayerNormalization", [residual, mlp, "model.layers.1.final_norm_layernorm.weight"],
+                         [final], name="/model/layers.1/final_norm_layernorm/SkipLayerNorm", domain="com.microsoft",
+                         epsilon=1e-6),
+        helper.make_node("MatMul", [final, "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
+    ]
+    initializers = [weight("model.embed_tokens.weight", VOCAB, HIDDEN), weight("attn.weight", HIDDEN, HIDDEN),
+                    weight("mlp.weight", HIDDEN, HIDDEN), weight("lm_head.weight", HIDDEN, VOCAB)] + [
+        weight(f"model.layers.{name}.weight", HIDDEN) for name in
+        ("0.input_layernorm", "0.post_attention_layernorm", "1.final_norm_layernorm")]
+    graph = helper.make_graph(
+        nodes, "main_graph", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, act[:2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, act[:2] + [VOCAB])], initializer=initializers,
+        value_info=[helper.make_tensor_value_info(name, TensorProto.FLOAT16, act)
+                    for name in (embedded, normed, attn, post, residual, mlp, final)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+def huge_external_model(folder, gigabytes=2.5):
+    """A model whose weights exceed 2 GB, in a sparse external data file (no disk or memory spent): an embedding
+    table of `gigabytes` for input_ids, then an RMSNormalization, as an LLM export starts."""
+    rows = int(gigabytes * 2**30) // (HIDDEN * 2)
+    table = TensorProto(name="embed.weight", data_type=TensorProto.FLOAT16, dims=[rows, HIDDEN],
+                        data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "huge.data"), ("offset", "0"), ("length", str(rows * HIDDEN * 2))):
+        table.external_data.add(key=key, value=value)
+    with open(folder / "huge.data", "wb") as f:
+        f.truncate(rows * HIDDEN * 2)
+    scale = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "norm.weight")
+    nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["embedded"], name="embed"),
+             helper.make_node("RMSNormalization", ["embedded", "norm.weight"], ["normed"], name="norm", epsilon=1e-6)]
+    graph = helper.make_graph(nodes, "huge", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("normed", TensorProto.FLOAT16, ["b", "s", HIDDEN])],
+                              initializer=[table, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 11
+    onnx.save(model, str(folder / "huge.onnx"))  # the graph only: its table stays in huge.data
+    return folder / "huge.onnx", rows

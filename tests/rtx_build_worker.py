@@ -32,16 +32,18 @@ Spec keys (all optional):
                      null leaves the attribute out; "nan"/"inf" are accepted
     epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int"
     profile          [min, opt, max] token counts for X (default [1, 128, 512])
-    model_path       for source "model": an ONNX file (plugin nodes are found through the registry)
+    model_path       for source "model": an ONNX file (plugin nodes are found through the registry), parsed
+                     by path as rms_norm_onnx_model.build_engine does, so external data is read beside it
     shapes           for source "model": {input name: [min shape, opt shape, max shape]}
+    watched          for source "model": tensors also marked as outputs (build_engine's `watched`)
     buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
                      PluginField over a temporary array) plus allocator churn,
                      to show the engine-record check catches a dangling buffer
     source           where the network comes from:
                      "test_onnx" (default) the ONNX model written below, W an initializer;
                      "sample_onnx" the sample's own make_onnx_model (what --from-onnx parses);
-                     "sample_builtin" make_onnx_model(builtin=True): ONNX's RMSNormalization, which
-                     TensorRT imports with its own layers (what --compare-builtin builds);
+                     "companion_one_node" rms_norm_onnx_model.one_node_model: ONNX's RMSNormalization,
+                     which TensorRT imports with its own layers (what the companion compares without a model);
                      "model" the ONNX file at model_path, built for `shapes`.
                      All but "test_onnx" build a strongly typed network, as the sample does. (The sample's
                      define_plugin_network needs INetworkDefinition.add_plugin_v3, which
@@ -69,7 +71,7 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 DEFAULTS = dict(
     dtype="float16", w_dtype="float32", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
-    profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None,
+    profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None, watched=[],
 )
 
 
@@ -199,12 +201,25 @@ def build(spec: dict) -> dict:
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
         if spec["source"] == "model":
-            with open(spec["model_path"], "rb") as f:
-                model = f.read()
-        else:  # "sample_onnx" or "sample_builtin"
-            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"],
-                                           builtin=spec["source"] == "sample_builtin")
-        result["parse_ok"] = bool(parser.parse(model))
+            result["parse_ok"] = bool(parser.parse_from_file(spec["model_path"]))
+            tensors = {layer.get_output(k).name: layer.get_output(k) for layer in network
+                       for k in range(layer.num_outputs)}
+            for name in spec["watched"]:
+                if name in tensors and not tensors[name].is_network_output:
+                    network.mark_output(tensors[name])
+        elif spec["source"] == "companion_one_node":
+            import argparse
+
+            import onnx_ir
+            import rms_norm_onnx_model as companion  # imports the sample bound to TensorRT-RTX above
+
+            args = argparse.Namespace(hidden_dim=spec["x_hidden"], dtype=spec["dtype"], weight_dtype=spec["w_dtype"],
+                                      epsilon=spec["epsilon"], seed=0)
+            proto = onnx_ir.serde.serialize_model(companion.one_node_model(args))
+            result["parse_ok"] = bool(parser.parse(proto.SerializeToString()))
+        else:  # "sample_onnx"
+            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"])
+            result["parse_ok"] = bool(parser.parse(model))
     result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
     if not result["parse_ok"]:
         return result

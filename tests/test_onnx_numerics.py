@@ -1,12 +1,13 @@
-"""CPU: the tolerances for ONNX RMSNormalization, against a NumPy evaluation of the op's definition.
+"""CPU: rms_norm_onnx_model.py's tolerances for ONNX RMSNormalization, against a NumPy evaluation of the op.
 
 ONNX's RMSNormalization with stash_type=1 computes x / sqrt(mean(x^2) + epsilon)
-in FP32, casts that to X's dtype, and multiplies by the scale in X's dtype (the
-operator's documented two stages; onnx.reference skips the cast, so it is
-written out here). This kernel multiplies in FP32 and rounds once. The sample
-derives from the dtype's fraction bits p, with u = 2^-(p+1):
-    onnx_tolerance     two roundings:   |onnx - exact| <= (2u + u^2) |y|  (+ FP32 noise)
-    engines_tolerance  three roundings: |onnx - kernel| <= (3u + u^2) |y| (+ FP32 noise, subnormals)
+in FP32, casts that to X's dtype, and multiplies by the scale in the scale's
+dtype (the operator's documented two stages; onnx.reference skips the cast, so
+it is written out here). This kernel multiplies in FP32 and rounds once. The
+companion derives from the dtypes' fraction bits p, with u = 2^-(p+1):
+    onnx_tolerance     each side against exact: prod(1 + u) - 1 over its roundings (+ FP32 noise);
+                       two roundings of one dtype: 2u + u^2
+    engines_tolerance  the two sides: the sum of both; X and scale of one dtype: 3u + u^2 (+ subnormals)
 The bounds are checked here against evaluations of both definitions, and
 shown to refuse what they must: an error of two ulps at the bottom of a
 binade, where 2 ulp = 4u|y| exceeds three roundings.
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import rms_norm_onnx_model as companion
 import rms_norm_plugin_cutedsl as sample
 
 FRACTION_BITS = {"float16": 10, "bfloat16": 7}  # IEEE half and bfloat16, written out independently of the sample
@@ -34,6 +36,17 @@ def onnx_rms_norm(x, scale, eps, dtype):
     return to_dtype(normalized * scale, dtype)      # the product of two dtype values, rounded: the second
 
 
+def node(dtype, scale_dtype=None, cast=""):
+    """A replaced node of X `dtype` and scale `scale_dtype` (default the same), as the rewrite describes it."""
+    return companion.Replaced("norm", "rms_normalization", ("X",), "S", "Y", 1e-5, dtype, scale_dtype or dtype, cast)
+
+
+def within(y, x, scale, eps, relative):
+    """Whether y is within `relative` |exact| (and fp16's smallest subnormal) of exact RMSNorm."""
+    exact = sample.rms_norm_reference(x, scale, eps)
+    return bool(np.all(np.abs(y - exact) <= relative * np.abs(exact) + 2.0 ** -24))
+
+
 def kernel_rms_norm(x, scale, eps, dtype):
     """This kernel's definition: everything in FP32, one rounding at the end."""
     x32 = x.astype(np.float32)
@@ -50,7 +63,7 @@ def case(dtype, seed, rows=256, hidden=512):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_rounding_error_is_half_the_spacing_above_one(dtype):
-    assert sample.rounding_error(dtype) == 2.0 ** -(FRACTION_BITS[dtype] + 1)
+    assert companion.rounding_error(dtype) == 2.0 ** -(FRACTION_BITS[dtype] + 1)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -59,9 +72,13 @@ def test_onnx_definition_is_within_two_roundings_of_exact(dtype, seed):
     x, scale = case(dtype, seed)
     exact = sample.rms_norm_reference(x, scale, 1e-5)
     y = onnx_rms_norm(x, scale, 1e-5, dtype)
-    assert sample.check_output(y, x, scale, 1e-5, dtype, rtol=sample.onnx_tolerance(dtype))[0]
+    theirs = companion.roundings(node(dtype))[1]
+    assert theirs == [dtype, dtype]
+    assert companion.onnx_tolerance(theirs) == 2 * companion.rounding_error(dtype) + \
+        companion.rounding_error(dtype) ** 2 + companion.FP32_NOISE
+    assert within(y, x, scale, 1e-5, companion.onnx_tolerance(theirs))
     # Premise of the bound: the first rounding's error really reaches past one rounding's worth somewhere.
-    assert np.max(np.abs(y - exact) / np.abs(exact)) > sample.rounding_error(dtype)
+    assert np.max(np.abs(y - exact) / np.abs(exact)) > companion.rounding_error(dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -71,7 +88,7 @@ def test_the_two_definitions_are_within_three_roundings(dtype, seed):
     exact = sample.rms_norm_reference(x, scale, 1e-5)
     onnx, ours = onnx_rms_norm(x, scale, 1e-5, dtype), kernel_rms_norm(x, scale, 1e-5, dtype)
     assert np.any(onnx != ours), "the definitions differ somewhere (else this checks nothing)"
-    assert np.all(np.abs(onnx - ours) <= sample.engines_tolerance(dtype, np.abs(exact), scale))
+    assert np.all(np.abs(onnx - ours) <= companion.engines_tolerance(node(dtype), np.abs(exact), scale))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -79,7 +96,7 @@ def test_two_ulps_at_the_bottom_of_a_binade_are_refused(dtype):
     """|y| = 1.0 + one ulp: two ulps are 4u|y|/(1 + 2u) > (3u + u^2)|y|, beyond three roundings."""
     u = 2.0 ** -(FRACTION_BITS[dtype] + 1)
     y = np.array([1.0 + 2 * u])
-    bound = sample.engines_tolerance(dtype, y, np.ones(1))
+    bound = companion.engines_tolerance(node(dtype), y, np.ones(1))
     assert 2 * (2 * u) > bound[0]      # two ulps: refused
     assert 1 * (2 * u) <= bound[0]     # one ulp, what the definitions produce: accepted
 
@@ -88,8 +105,8 @@ def test_two_ulps_at_the_bottom_of_a_binade_are_refused(dtype):
 def test_onnx_tolerance_refuses_an_error_of_three_roundings(dtype):
     x, scale = case(dtype, 2, rows=4)
     exact = sample.rms_norm_reference(x, scale, 1e-5)
-    off = exact * (1 + 3 * sample.rounding_error(dtype))
-    assert not sample.check_output(off, x, scale, 1e-5, dtype, rtol=sample.onnx_tolerance(dtype))[0]
+    off = exact * (1 + 3 * companion.rounding_error(dtype))
+    assert not within(off, x, scale, 1e-5, companion.onnx_tolerance(companion.roundings(node(dtype))[1]))
 
 
 def test_fp16_subnormal_outputs_are_allowed_half_a_spacing_per_rounding():
@@ -99,25 +116,50 @@ def test_fp16_subnormal_outputs_are_allowed_half_a_spacing_per_rounding():
     scale = np.full(256, 2.0 ** -20)  # y ~ 2^-20: subnormal in fp16 (below 2^-14)
     exact = sample.rms_norm_reference(x, scale, 1e-5)
     diff = np.abs(onnx_rms_norm(x, scale, 1e-5, "float16") - kernel_rms_norm(x, scale, 1e-5, "float16"))
-    bound = sample.engines_tolerance("float16", np.abs(exact), scale)
+    bound = companion.engines_tolerance(node("float16"), np.abs(exact), scale)
     assert np.all(diff <= bound)
-    relative_only = bound - 2.0 ** -24 * (1 + scale)
+    relative_only = bound - 3 * 2.0 ** -25 * (1 + scale)  # three roundings, half of fp16's subnormal spacing each
     assert np.any(diff > relative_only)
 
 
 def test_a_replaced_node_is_allowed_what_exact_rmsnorm_makes_of_its_input_difference():
     """check_replaced (rms_norm_onnx_model.py): when an earlier node made the engines' X differ, the bound
     adds |exact(X_ours) - exact(X_theirs)|; without that term the same outputs would be refused."""
-    import rms_norm_onnx_model as rewrite
-
+    rewrite = companion
     x, scale = case("float16", 4, rows=64, hidden=256)
     rng = np.random.default_rng(5)
     x_theirs = to_dtype(x * (1 + rng.choice([-1, 0, 1], x.shape) * 2.0 ** -8), "float16")
-    node = rewrite.Replaced("norm", "X", "S", "Y", 1e-5, "float16")
+    replaced = node("float16")
     ours = {"X": x, "Y": kernel_rms_norm(x, scale, 1e-5, "float16")}
     theirs = {"X": x_theirs, "Y": onnx_rms_norm(x_theirs, scale, 1e-5, "float16")}
-    assert rewrite.check_replaced(ours, theirs, {"S": scale}, node)[0]
+    assert rewrite.check_replaced(ours, theirs, {"S": scale}, replaced)[0]
     exact = sample.rms_norm_reference(x_theirs, scale, 1e-5)
-    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > sample.engines_tolerance("float16", np.abs(exact), scale))
+    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > companion.engines_tolerance(replaced, np.abs(exact), scale))
     wrong = dict(ours, Y=to_dtype(ours["Y"] * 1.01, "float16"))  # a real error: 1 %
-    assert not rewrite.check_replaced(wrong, theirs, {"S": scale}, node)[0]
+    assert not rewrite.check_replaced(wrong, theirs, {"S": scale}, replaced)[0]
+
+
+def onnx_rms_norm_mixed(x, scale, eps, dtype, scale_dtype):
+    """RMSNormalization with X `dtype` and scale `scale_dtype`: Normalized cast to X's type, then to the scale's
+    (CastLike, for the Mul), times the scale, rounded to the scale's dtype, then a Cast back to X's dtype."""
+    x32 = x.astype(np.float32)
+    normalized = to_dtype(x32 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps)), dtype)
+    return to_dtype(to_dtype(to_dtype(normalized, scale_dtype) * scale, scale_dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype, scale_dtype", [("float16", "float32"), ("bfloat16", "float32"),
+                                                ("float16", "bfloat16"), ("bfloat16", "float16")])
+def test_an_absorbed_cast_back_is_within_the_rounding_list_of_both_dtypes(dtype, scale_dtype):
+    """X and scale of different dtypes, the Cast back absorbed (Gemma's export): the definition stays within
+    the bound of the roundings the companion lists, and the bound is no wider than it needs for X and scale
+    of one dtype when the scale is fp32, beyond its two fp32 roundings."""
+    x, _ = case(dtype, 5)
+    scale = to_dtype(np.random.default_rng(6).uniform(-1.5, 1.5, x.shape[-1]), scale_dtype)
+    replaced = node(dtype, scale_dtype, "absorbed")
+    exact = sample.rms_norm_reference(x, scale, 1e-5)
+    theirs, ours = onnx_rms_norm_mixed(x, scale, 1e-5, dtype, scale_dtype), kernel_rms_norm(x, scale, 1e-5, dtype)
+    assert np.all(np.abs(theirs - ours) <= companion.engines_tolerance(replaced, np.abs(exact), scale))
+    assert within(theirs, x, scale, 1e-5, companion.onnx_tolerance(companion.roundings(replaced)[1]))
+    if scale_dtype == "float32":
+        same = companion.engines_tolerance(node(dtype), np.ones(1), np.ones(1))
+        assert companion.engines_tolerance(replaced, np.ones(1), np.ones(1)) < same + 3 * 2.0 ** -24

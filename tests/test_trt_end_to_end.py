@@ -170,39 +170,3 @@ def test_engine_built_through_the_onnx_parser_checks_out(dtype, w_dtype):
     code, out, err = run_script("--from-onnx", "--dtype", dtype, "--weight-dtype", w_dtype)
     assert code == 0, out + err
     assert "Inference result correct!" in out
-
-
-def test_compare_builtin_checks_both_engines_and_times_min_opt_max():
-    import re
-
-    code, out, err = run_script("--compare-builtin")
-    assert code == 0, out + err
-    rows = re.findall(r"tokens=(\d+)\s+plugin\s+([\d.]+) us\s+built-in layers\s+([\d.]+) us\s+plugin / built-in ([\d.]+)", out)
-    assert [int(r[0]) for r in rows] == [1, 128, 512]
-    for _, ours, theirs, ratio in rows:
-        assert float(ours) > 0 and float(theirs) > 0
-        assert abs(float(ratio) - float(ours) / float(theirs)) < 0.02
-    assert re.search(r"For these shapes: (deploy the plugin|deploy TensorRT's built-in layers|mixed)", out)
-    assert "Inference result correct!" in out
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_from_onnx_puts_the_plugin_into_an_exported_decoder_and_matches_tensorrts_import(tmp_path, dtype):
-    """Issue 17: both RMSNorms of a torch-exported model served by the plugin, checked against TensorRT's own
-    import of the same model at the profile's min, opt and max."""
-    pytest.importorskip("onnxscript")
-    import torch
-
-    import onnx_models
-
-    path = tmp_path / "decoder.onnx"
-    onnx_models.export_decoder(path, dtype=getattr(torch, dtype))
-    code, out, err = run_script("--from-onnx", str(path), "--min-tokens", "1", "--opt-tokens", "37",
-                                "--max-tokens", "300", "--num-tokens", "37")
-    assert code == 0, out + err
-    assert "Left to TensorRT" not in out
-    for point, seq in (("min", 1), ("opt", 37), ("max", 300)):
-        assert f"  {point}: x ({onnx_models.BATCH}, {seq}, {onnx_models.HIDDEN})" in out
-    checked = [line for line in out.splitlines() if "max |plugin - TensorRT|" in line and line.endswith(" ok")]
-    assert len(checked) == 2 * 3, out  # two replaced nodes at three shapes
-    assert "Inference result correct!" in out
