@@ -36,19 +36,19 @@ or environment error.
 
 # No `from __future__ import annotations`: tensorrt.plugin inspects the
 # annotations of the functions below as real types.
-import os
 import re
 import sys
 
-# The flags live in the sample, so here even --help waits for its imports (torch, CuteDSL).
+# The flags and the run live in the sample, and the engine record in rms_norm_saved_engine.py.
 try:
     import rms_norm_plugin_cutedsl as sample
+    import rms_norm_saved_engine as saved
 except ImportError as exc:  # the sample's ImportError names the missing pip package in one sentence
     if __name__ != "__main__":
         raise
     print(f"error: {exc}", file=sys.stderr)
     sys.exit(2)
-from rms_norm_plugin_cutedsl import EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE, TensorRTError, UsageError
+from rms_norm_plugin_cutedsl import UsageError
 
 OP_NAME = "rms_norm_cutedsl::rms_norm"
 
@@ -82,15 +82,22 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
     return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, sm90=False)
 
 
+def shared_memory_bytes(plan) -> int:
+    """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy (what this flavor
+    compiles): the staged rows of X (request_rows), then one FP32 sum per warp of each row slot, in as many sets as
+    the CTA has rows in sequence, up to two (row_sum_buffers). A CPU test holds it to CuteDSL's own count."""
+    staged = plan.cta_rows * plan.hidden * plan.elem_bytes if plan.arrival != "registers" else 0
+    sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence) if plan.warps_per_row > 1 else 0
+    return staged + sums
+
+
 def aot_launch_dims(plan, num_tokens):
     """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and TensorRT's symbols.
 
-    These must equal what launch_kernel uses for this plan: the PTX requires exactly
-    plan.cta_threads threads (.reqntid), and its shared memory (staged rows of X,
-    one float per warp of each row for the cross-warp reduction) is dynamic, so
-    TensorRT must be told its size.
+    These must equal what launch_kernel uses for this plan: the PTX requires exactly plan.cta_threads threads
+    (.reqntid), and its shared memory is dynamic, so TensorRT must be told its size.
     """
-    return plan.grid(num_tokens), plan.cta_threads, plan.shared_memory_bytes
+    return plan.grid(num_tokens), plan.cta_threads, shared_memory_bytes(plan)
 
 
 # %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------
@@ -170,7 +177,7 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
-    from polygraphy.backend.trt import CreateConfig, Profile, create_network, engine_from_network
+    from polygraphy.backend.trt import create_network
 
     arch = sample.gpu_arch()
     if arch not in AOT_PTX_ISA:  # refuse before TensorRT calls aot_impl, where an error is only a log line
@@ -184,9 +191,8 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     y = network.add_plugin(op(x, w, epsilon=eps), aot=True).get_output(0)
     y.name = "Y"
     network.mark_output(y)
-    profile = Profile().add("X", min=(min_tokens, hidden), opt=(opt_tokens, hidden), max=(max_tokens, hidden))
-    with sample.tensorrt_stage("engine build"):
-        return engine_from_network((builder, network), config=CreateConfig(profiles=[profile]))
+    return sample.build_from_network((builder, network), {"X": tuple((n, hidden) for n in (min_tokens, opt_tokens,
+                                                                                         max_tokens))})
 
 
 def check_aot_support():
@@ -202,19 +208,6 @@ def check_aot_support():
                          "the AOT flavor needs TensorRT 10.9 or newer")
 
 
-def load_aot_engine(path: str):
-    """Deserialize an AOT engine: nothing to register, the kernel travels inside the engine."""
-    import tensorrt as trt
-    from polygraphy.backend.trt import get_trt_logger
-
-    with open(path, "rb") as f:
-        data = f.read()
-    engine = trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
-    if engine is None:
-        raise sample.EngineLoadError(f"cannot deserialize engine file '{path}'; delete it to rebuild")
-    return engine
-
-
 # %% [3] Command line -----------------------------------------------------------
 
 
@@ -222,38 +215,34 @@ def main(argv=None) -> int:
     """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
                                 "run it and check it against NumPy.")
+    parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists (checked against "
+                        "PATH.json, the record of the flags it was built with), else build it and save both there")
     args = sample.validate_args(parser, parser.parse_args(argv))
-    try:
-        reuse = bool(args.engine) and os.path.exists(args.engine)
-        record = sample.engine_record(args, "aot", OP_NAME)
-        if reuse:
-            sample.check_saved_engine(args.engine, record)
-        sample.check_environment()
+    if args.from_onnx:
+        parser.error("--from-onnx builds the Python plugin's engine; this flavor builds its own AOT op")
+    plan = sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, sm90=False)
+    if args.plans:
+        print(f"every token count: {plan.describe()}")
+        return sample.EXIT_CORRECT
+    record = saved.engine_record(args, "aot", OP_NAME)
+    if args.engine:
+        saved.check_engine_flag(parser, args, record)
+
+    def build(args):
+        with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
+            return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
+                                    args.epsilon, args.weight_dtype)
+
+    def make_engine(args):
         check_aot_support()
-        if reuse:
-            with sample.tensorrt_stage("engine load"):
-                engine = load_aot_engine(args.engine)
-            print(f"Loaded engine from {args.engine}")
-        else:
-            with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
-                engine = build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
-                                          args.max_tokens, args.epsilon, args.weight_dtype)
-            if args.engine:
-                sample.save_engine(args.engine, engine.serialize(), record)
-                print(f"Saved engine to {args.engine} (and its record to {args.engine}.json); run it without "
-                      f"Python plugins: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
-        counts = sample.token_counts(args)
-        print(f"RMSNorm (AOT) {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
-              f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
-        print(sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, sm90=False).describe())
-        with sample.tensorrt_stage("execution context"):
-            correct = sample.run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon, args.seed,
-                                           args.weight_dtype)
-    except (UsageError, sample.EngineLoadError, TensorRTError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print("Inference result correct!" if correct else "Inference result incorrect!")
-    return EXIT_CORRECT if correct else EXIT_INCORRECT
+        print(f"AOT kernel, every token count: {plan.describe()}")
+        if not args.engine:
+            return build(args)
+        engine = saved.load_or_build(args, record, build)
+        print(f"Run it without Python: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
+        return engine
+
+    return sample.run(args, make_engine)
 
 
 if __name__ == "__main__":

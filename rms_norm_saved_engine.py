@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Build the sample's engine once, save it, and load it on later runs; refuse an engine saved with other flags.
+
+What you will learn
+-------------------
+* What a TensorRT engine keeps of a Python plugin: its name, version, namespace and serialized fields, not its
+  code. So the creator is registered before the engine is deserialized, and a C++ program such as trtexec, which
+  has no Python, cannot load it (rms_norm_aot_cutedsl.py embeds the kernel instead).
+* What an engine does not record: what the plugin baked in (epsilon; the AOT flavor's PTX), or the flags it was
+  built with. A record beside the engine (PATH.json) holds them with the engine's SHA-256, and is checked before
+  the engine is loaded: a wrong one is refused in one sentence.
+
+How to run it (as rms_norm_plugin_cutedsl.py, with every flag of its, plus --engine)
+-------------------------------------------------------------------------------------
+    python3 rms_norm_saved_engine.py --engine rms_norm.engine      # builds, saves, runs, checks
+    python3 rms_norm_saved_engine.py --engine rms_norm.engine      # loads, runs, checks
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+try:
+    import rms_norm_plugin_cutedsl as sample
+except ImportError as exc:  # the sample's ImportError names the missing pip package in one sentence
+    if __name__ != "__main__":
+        raise
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+def engine_record(args, source: str, plugin: str) -> dict:
+    """What shaped an engine: how it was built, the plugin it needs, every flag."""
+    return {"source": source, "plugin": plugin, "dtype": args.dtype, "weight_dtype": args.weight_dtype,
+            "hidden": args.hidden_dim, "profile": [args.min_tokens, args.opt_tokens, args.max_tokens],
+            "epsilon": sample.validate_epsilon(args.epsilon)}
+
+
+def save_engine(path: str, data: bytes, record: dict):
+    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+        with open(path + ".json", "w") as f:
+            json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        raise sample.UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
+
+
+def check_saved_engine(path: str, record: dict):
+    """UsageError unless `path`.json is this engine's record and matches `record` (the current flags)."""
+    record_path = path + ".json"
+    redo = f"delete '{path}' and '{record_path}' to rebuild"
+    try:
+        with open(record_path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        raise sample.UsageError(f"engine '{path}' has no record '{record_path}' of the flags it was built with; "
+                                f"{redo}") from None
+    except (OSError, ValueError) as exc:
+        raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
+    if not isinstance(saved, dict) or set(saved) != set(record) | {"sha256"}:
+        raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError as exc:
+        raise sample.UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
+    if digest != saved["sha256"]:
+        raise sample.UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; "
+                                f"{redo}")
+    differ = [key for key in record if saved[key] != record[key]]
+    if differ:
+        def show(values):
+            return ", ".join(f"{key} {values[key]:g}" if key == "epsilon" else f"{key} {values[key]}"
+                             for key in differ)
+        raise sample.UsageError(f"engine '{path}' was built for {show(saved)}, not {show(record)}; "
+                                f"pass matching flags or {redo}")
+
+
+def load_engine(path: str):
+    """Deserialize an engine file (a Python plugin's creator must be registered first)."""
+    from polygraphy.backend.trt import get_trt_logger
+
+    with open(path, "rb") as f:
+        data = f.read()
+    engine = sample.trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
+    if engine is None:
+        raise sample.UsageError(f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT "
+                                "version and GPU, or it needs a plugin this process has not registered; delete it "
+                                "to rebuild")
+    return engine
+
+
+def check_engine_flag(parser, args, record: dict):
+    """Refuse, in one sentence before any build (and without a GPU), an --engine that is the wrong engine for these
+    flags, or that could not be saved once built."""
+    path = args.engine
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            parser.error(f"--engine '{path}' exists but is not a file")
+        try:
+            check_saved_engine(path, record)
+        except sample.UsageError as exc:
+            parser.exit(sample.EXIT_USAGE, f"error: {exc}\n")
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        parser.error(f"--engine '{path}': directory '{folder}' does not exist")
+    if not os.path.isdir(folder):
+        parser.error(f"--engine '{path}': '{folder}' is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(f"--engine '{path}': directory '{folder}' is not writable")
+
+
+def load_or_build(args, record: dict, build):
+    """The engine saved at args.engine (check_engine_flag checked its record), or build(args), saved there."""
+    if os.path.exists(args.engine):
+        with sample.tensorrt_stage("engine load"):
+            engine = load_engine(args.engine)
+        print(f"Loaded engine from {args.engine}")
+        return engine
+    engine = build(args)
+    save_engine(args.engine, engine.serialize(), record)
+    print(f"Saved engine to {args.engine} and its record to {args.engine}.json")
+    return engine
+
+
+def main(argv=None) -> int:
+    """Exit codes as the sample's: 0 every run matched NumPy, 1 one did not, 2 usage, environment or TensorRT error."""
+    parser = sample.make_parser("Build the sample's engine and save it to --engine, or load it from there if it "
+                                "exists (checked against PATH.json, the record of the flags it was built with).")
+    parser.add_argument("--engine", metavar="PATH", required=True, help="the engine file; its record is PATH.json")
+    args = sample.validate_args(parser, parser.parse_args(argv))
+    if args.plans:
+        return sample.main(args)
+    record = engine_record(args, "onnx" if args.from_onnx else "plugin", f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
+    check_engine_flag(parser, args, record)
+
+    def make_engine(args):
+        sample.register_creator()  # the engine holds the plugin's name and fields; its code is the sample's
+        return load_or_build(args, record, sample.build_engine)
+
+    return sample.run(args, make_engine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
