@@ -23,25 +23,17 @@ where nvdisasm is on PATH, how many global loads the SASS issues after a thread 
 """
 
 import argparse
-import math
 import pathlib
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import cuda.bindings.driver as cuda  # noqa: E402
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32, Int32  # noqa: E402
-
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
+from support.check_kernel import compile_plan, ctas_per_sm, launch_shared_memory, ptxas_report  # noqa: E402
 
 SPEC = re.compile(r"t(\d+)k(\d+)(s?)(b?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d+))?$")
 
@@ -62,76 +54,15 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
         raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives {own.vec * elem_bytes}-byte vectors")
     if sequence and not staged:
         raise ValueError(f"plan {spec!r} puts rows in sequence, which needs s (X staged)")
+    if bulk and not staged:
+        raise ValueError(f"plan {spec!r} copies rows in bulk, which needs s (X staged)")
+    if cluster and (staged or (rows and int(rows) != 1) or threads % (sample.WARP_THREADS * int(cluster))):
+        raise ValueError(f"plan {spec!r} splits a row over a cluster: X in registers, one row per CTA, whole warps")
     rows = int(rows) if rows else 1 if cluster else max(1, 128 // threads)
-    plan = sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, early_weight=not late,
-                             stage_x=bool(staged), rows_in_sequence=int(sequence or 1),
-                             cluster_ctas=int(cluster or 1), min_ctas_per_sm=int(min_ctas or 0), bulk_copy=bool(bulk))
-    return plan
-
-
-@cute.jit
-def plan_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
-                plan: cutlass.Constexpr, epsilon: cutlass.Constexpr):
-    """The sample's launch of one plan, whatever the token count (the sample's launcher picks plans by count)."""
-    sample.launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
-
-
-def compile_plan(dtype: str, plan, arch: str, keep_ptx: bool = False):
-    elem = getattr(cutlass, sample.DTYPES[dtype].cute)
-    fake = cute.runtime.make_fake_compact_tensor
-    tokens = cute.sym_int32()
-    x = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
-    y = fake(elem, (tokens, plan.hidden), stride_order=(1, 0), assumed_align=sample.VECTOR_BYTES)
-    w = fake(Float32, (plan.hidden,), assumed_align=sample.VECTOR_BYTES)
-    args = (plan_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), plan, sample.DEFAULT_EPSILON)
-    if keep_ptx:
-        with tempfile.TemporaryDirectory() as dump_dir:
-            return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
-    return cute.compile(*args, options=f"--gpu-arch {arch}")
-
-
-def load_order(sass: str):
-    """(global loads issued after the thread first waits for loaded data, global loads) in nvdisasm's listing
-    of one kernel: the first wait is the first instruction that reads a register an earlier load writes. A plan
-    with W first means every load before it."""
-    code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]+);", sass)
-    loaded, loads, wait = set(), [], None
-    for i, instruction in enumerate(code):
-        words = instruction.split()
-        opcode, operands = (words[1], words[2:]) if words[0].startswith("@") else (words[0], words[1:])
-        operands = " ".join(operands)
-        if re.match(r"LDG(\.|$)", opcode):  # not LDGSTS (cp.async) or LDGDEPBAR
-            loads.append(i)
-            first = int(re.match(r"R(\d+)", operands)[1])
-            loaded.update(range(first, first + {".128": 4, ".64": 2}.get(opcode[opcode.rfind("."):], 1)))
-            continue
-        sources = operands if opcode.startswith("ST") else operands.partition(",")[2]  # a store has no destination
-        if wait is None and loaded & {int(r) for r in re.findall(r"\bR(\d+)\b", sources)}:
-            wait = i
-    return sum(wait is not None and i > wait for i in loads), len(loads)
-
-
-def ptxas_report(ptx: str, arch: str = "sm_90a"):
-    """(registers per thread, spill store bytes, late loads, global loads): the first two as ptxas -v reports
-    them, the last two load_order's (None where nvdisasm is not on PATH)."""
-    nvdisasm = shutil.which("nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp, "k.ptx")
-        path.write_text(ptx)
-        err = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
-                             capture_output=True, text=True, check=True).stderr
-        sass = nvdisasm and subprocess.run([nvdisasm, "-c", str(path.with_suffix(".cubin"))], capture_output=True,
-                                           text=True, check=True).stdout
-    late, loads = load_order(sass) if sass else (None, None)
-    return (int(re.search(r"Used (\d+) registers", err)[1]), int(re.search(r"(\d+) bytes spill stores", err)[1]),
-            late, loads)
-
-
-def ctas_per_sm(plan, registers: int) -> int:
-    """Resident CTAs on an sm_90 SM: 64K registers (in steps of 8 per thread), 228 KB shared memory (1 KB per
-    CTA reserved), 2048 threads."""
-    return min(65536 // (math.ceil(registers / 8) * 8 * plan.cta_threads),
-               228 * 1024 // (plan.shared_memory_bytes + 1024), 2048 // plan.cta_threads)
+    arrival = "bulk" if bulk else "cp.async" if staged else "registers"
+    return sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, arrival, early_weight=not late,
+                             rows_in_sequence=int(sequence or 1), cluster_ctas=int(cluster or 1),
+                             min_ctas_per_sm=int(min_ctas or 0))
 
 
 def print_registers(args):
@@ -141,11 +72,12 @@ def print_registers(args):
             own = sample.plan_kernel(hidden, elem_bytes)
             cases = [("own plan", own)] + [(spec, parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
             for name, plan in cases:
-                registers, spills, late, loads = ptxas_report(compile_plan(dtype, plan, "sm_90a",
-                                                                           keep_ptx=True).__ptx__)
+                compiled = compile_plan(sample, dtype, plan)
+                registers, spills, late, loads = ptxas_report(compiled.__ptx__)
+                ctas = ctas_per_sm(plan.cta_threads, registers, launch_shared_memory(compiled))
                 order = f", {late} of {loads} global loads after the first wait for data" if loads is not None else ""
                 print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
-                      f"{ctas_per_sm(plan, registers)} CTAs of {plan.cta_threads} threads per SM{order}")
+                      f"{ctas} CTAs of {plan.cta_threads} threads per SM{order}")
 
 
 def time_shapes(args):
@@ -172,7 +104,7 @@ def time_shapes(args):
             for spec in args.plans:
                 plan = parse_plan(spec, hidden, names.bytes)
                 if (dtype, plan) not in compiled:  # one compilation serves every token count
-                    compiled[dtype, plan] = compile_plan(dtype, plan, arch)
+                    compiled[dtype, plan] = compile_plan(sample, dtype, plan, arch)
                 calls[spec], plans[spec] = compiled[dtype, plan], str(plan)
             timers, outputs = {}, {}
             for name, call in calls.items():
