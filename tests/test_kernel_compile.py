@@ -14,14 +14,19 @@ import tempfile
 
 import pytest
 
+import rms_norm_aot_cutedsl as aot
 import rms_norm_plugin_cutedsl as sample
-from conftest import load_experiment
+from support import check_kernel
 
 HIDDEN = [1, 7, 100, 256, 1000, 1024, 4096, 8192, 16384]
 ARCHES = ["sm_80", "sm_90a"]
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # Every X x W combination; Y has X's dtype.
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
+
+
+def staged(plan):
+    return plan.arrival != "registers"
 
 
 def ptx_of(dtype, hidden, arch, w_dtype="float32", plans_by_tokens=False):
@@ -114,7 +119,7 @@ def test_rows_over_4_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hid
     barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
     very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
     plan = sample.plan_kernel(hidden)
-    assert plan.stage_x == (threads is not None)
+    assert staged(plan) == (threads is not None)
     ptx = ptx_of(dtype, hidden, arch)
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
     if threads is None:
@@ -143,17 +148,17 @@ def test_threads_per_row_come_in_whole_warps(hidden, threads, vecs, rows):
 
 
 @pytest.mark.parametrize("w_dtype, w_loads_per_vector", [("float32", 1), ("float16", 1), ("bfloat16", 1)])
-@pytest.mark.parametrize("hidden,staged", [(1024, False), (1028, True), (2048, True), (3072, True), (3076, True),
-                                           (1030, False), (4096, False)])
-def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_vector, hidden, staged):
+@pytest.mark.parametrize("hidden,is_staged", [(1024, False), (1028, True), (2048, True), (3072, True), (3076, True),
+                                              (1030, False), (4096, False)])
+def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_vector, hidden, is_staged):
     """The same row sizes in bytes hold for fp32 X (4 elements per 16-byte vector): rows of 4-15 KB (1028-3840
     elements), hidden % 4 == 0, are staged by 16-byte cp.async.cg, 16 KB rows (4096) are not; W's vector of 4
     elements is one load (16 or 8 bytes)."""
     plan = sample.plan_kernel(hidden, 4)
-    assert plan.stage_x == staged
+    assert staged(plan) == is_staged
     ptx = ptx_of("float32", hidden, "sm_90a", w_dtype)
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
-    if not staged:
+    if not is_staged:
         assert "cp.async" not in ptx
         return
     assert copies == [("cg", "16")] * plan.vecs_per_thread, copies
@@ -162,37 +167,49 @@ def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_v
 
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 8192, 16384])
-def test_shared_memory_size_covers_the_staged_rows_and_the_warp_sums(hidden, elem_bytes):
-    """What the AOT launch asks TensorRT for: hidden * element bytes per staged row, 4 per warp of a
-    multi-warp row (the AOT flavor's plan has no cluster)."""
+def test_the_aot_shared_memory_is_what_cutedsl_allocates(hidden, elem_bytes):
+    """What the AOT launch asks TensorRT for, against the dynamic shared memory CuteDSL itself computes for the
+    same plan's launch (its host code's launch configuration): hidden * element bytes per staged row, 4 per
+    warp of a multi-warp row (the AOT flavor's plan has no cluster and no bulk copy)."""
     plan = sample.plan_kernel(hidden, elem_bytes, sm90=False)
+    dtype = {2: "float16", 4: "float32"}[elem_bytes]
+    inferred = check_kernel.launch_shared_memory(check_kernel.compile_plan(sample, dtype, plan, "sm_80"))
     rows = plan.rows_per_cta
-    staged = rows * hidden * elem_bytes if plan.stage_x else 0
-    warp_sums = 4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0
-    assert plan.shared_memory_bytes == staged + warp_sums
-    assert plan.shared_memory_bytes <= 48 * 1024, "the AOT flavor's plan: more would need an opt-in launch attribute"
+    by_hand = (rows * hidden * elem_bytes if staged(plan) else 0) + (
+        4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0)
+    assert aot.shared_memory_bytes(plan) == inferred == by_hand
+    assert inferred <= 48 * 1024, "the AOT flavor's plan: more would need an opt-in launch attribute"
 
 
 @pytest.mark.parametrize("hidden, elem_bytes", [(4096, 2), (8192, 2), (12288, 2), (16384, 2), (8192, 4)])
 def test_the_mid_plan_stages_two_rows_and_two_sets_of_warp_sums(hidden, elem_bytes):
-    """Two rows staged per CTA, and a second set of warp sums so that one barrier per row suffices. Over 48 KB
-    (two 32 KB rows) is fine in the JIT flavor: CuteDSL gives every kernel the device's opt-in maximum of
-    dynamic shared memory (cutlass_dsl/cutlass.py, _generate_cuda_kernel_op); the AOT flavor never runs it."""
+    """Two rows staged per CTA, two 8-byte mbarriers where the rows come by bulk copy (padded to 16 bytes), and a
+    second set of warp sums so that one barrier per row suffices: as CuteDSL counts the kernel's shared memory.
+    Over 48 KB (two 32 KB rows) is fine in the JIT flavor: CuteDSL gives every kernel the device's opt-in maximum
+    of dynamic shared memory (cutlass_dsl/cutlass.py, _generate_cuda_kernel_op); the AOT flavor never runs it."""
     plan = sample.plan_kernel(hidden, elem_bytes, 512)
-    assert plan.rows_in_sequence == 2 and plan.stage_x and plan.rows_per_cta == 1
-    barriers = 16 if hidden * elem_bytes > 8192 else 0  # two 8-byte mbarriers where the rows come by bulk copy
-    assert plan.shared_memory_bytes == 2 * hidden * elem_bytes + barriers + 2 * 4 * (plan.threads_per_row // 32)
-    assert plan.shared_memory_bytes <= 64 * 1024 + 1024
+    assert plan.rows_in_sequence == 2 and staged(plan) and plan.rows_per_cta == 1
+    barriers = 16 if hidden * elem_bytes > 8192 else 0
+    dtype = {2: "float16", 4: "float32"}[elem_bytes]
+    inferred = check_kernel.launch_shared_memory(check_kernel.compile_plan(sample, dtype, plan))
+    assert inferred == 2 * hidden * elem_bytes + barriers + 2 * 4 * (plan.threads_per_row // 32)
+    assert inferred <= 64 * 1024 + 1024
     assert [plan.grid(n) for n in (385, 512, 1023, 1024)] == [193, 256, 512, 512]
 
 
-def test_rows_in_sequence_and_bulk_copies_need_a_staged_plan():
-    """Only copies into shared memory let the next row arrive while this one is normalized; a registers plan is
-    refused, and so is a bulk copy, which writes only to shared memory."""
-    with pytest.raises(ValueError, match="stage X"):
-        sample.KernelPlan(4096, 2, 8, 256, 1, 2, early_weight=True, stage_x=False, rows_in_sequence=2)
-    with pytest.raises(ValueError, match="stage X"):
-        sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=False, bulk_copy=True)
+def test_every_plan_keeps_the_kernels_invariants():
+    """What the kernel relies on, for every plan the launcher can hold (16-bit and fp32 X, sm_90 and older, every
+    hidden size): rows in sequence wait in shared memory; a row split over a cluster keeps X in registers, one row
+    per CTA, whole warps per CTA; a CTA has at most 1024 threads; the plan covers the row."""
+    for elem_bytes in (2, 4):
+        for hidden in range(1, sample.MAX_HIDDEN + 1, 7):
+            for sm90 in (True, False):
+                for plan, _ in sample.token_schedule(hidden, elem_bytes, sm90):
+                    assert plan.rows_in_sequence == 1 or staged(plan), plan
+                    assert plan.cluster_ctas == 1 or (not staged(plan) and plan.rows_per_cta == 1 and
+                                                      plan.threads_per_row % (32 * plan.cluster_ctas) == 0), plan
+                    assert sm90 or (plan.cluster_ctas == 1 and plan.arrival != "bulk"), plan
+                    assert plan.cta_threads <= 1024 and plan.threads_per_row * plan.vecs_per_thread * plan.vec >= hidden
 
 
 ON_CHIP_CASES = (
@@ -233,7 +250,8 @@ def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(tmp_path, dtype, w_dt
                if f"_{plan}_" in name)  # occupancy matters for the many-token kernel
     cta = plan.cta_threads
     ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * cta),  # 8-register allocation unit
-                      228 * 1024 // (plan.shared_memory_bytes + 1024),  # 1 KB per CTA reserved by the system
+                      228 * 1024 // (check_kernel.launch_shared_memory(check_kernel.compile_plan(
+                          sample, dtype, plan, "sm_90a", w_dtype)) + 1024),  # 1 KB per CTA reserved by the system
                       2048 // cta, 32)
     assert ctas_per_sm * cta >= 768, f"{regs} registers x {cta} threads: {ctas_per_sm} CTAs per SM"
 
@@ -282,7 +300,7 @@ def test_few_tokens_get_x_in_registers_and_w_first(hidden, elem_bytes, few):
         return
     assert plan != many
     assert (plan.threads_per_row, plan.vecs_per_thread) == few
-    assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1 and plan.vec == many.vec
+    assert not staged(plan) and plan.early_weight and plan.rows_per_cta == 1 and plan.vec == many.vec
 
 
 # (hidden, bytes per element) -> (most rows, threads per row, vectors per thread) of the plan for more than
@@ -318,7 +336,7 @@ def test_mid_token_counts_get_two_staged_rows_in_turn_per_cta(hidden, elem_bytes
         assert plan == many
         return
     assert (plan.threads_per_row, plan.vecs_per_thread) == mid[1:]
-    assert plan.stage_x and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
+    assert staged(plan) and plan.early_weight and plan.rows_in_sequence == 2 and plan.vec == many.vec
 
 
 # (hidden, bytes per element, token count) -> the launch bound (CTAs per SM) of the plan for that count, written
@@ -379,7 +397,8 @@ def test_two_mid_plan_ctas_fit_on_an_sm(tmp_path, hidden, elem_bytes):
     (regs,) = (int(re.search(r"Used (\d+) registers", report)[1]) for name, report in reports.items()
                if f"_{mid}_" in name)
     ctas_per_sm = min(65536 // (math.ceil(regs / 8) * 8 * mid.cta_threads),
-                      228 * 1024 // (mid.shared_memory_bytes + 1024))
+                      228 * 1024 // (check_kernel.launch_shared_memory(check_kernel.compile_plan(
+                          sample, dtype, mid)) + 1024))
     assert ctas_per_sm >= 2, f"{regs} registers x {mid.cta_threads} threads"
 
 
@@ -394,14 +413,9 @@ def test_the_launch_bound_reaches_ptxas(hidden, bounded):
     assert all(bool(found) == (bool(bounded) and f"_{many}_" in name) for name, found in bounds.items())
 
 
-@functools.cache
-def time_plans():
-    return load_experiment("time_plans")
-
-
 def load_order(ptx, arch="sm_90a"):
     """(loads issued after the thread first waits for loaded data, global loads) in the SASS ptxas makes of one
-    kernel's PTX, as benchmarks/experiments/time_plans.py reads nvdisasm's listing."""
+    kernel's PTX, as support/check_kernel.py reads nvdisasm's listing."""
     nvdisasm = shutil.which("nvdisasm")
     if nvdisasm is None:  # requirements-test.txt installs it; in CI this skip is a failure
         pytest.skip("nvdisasm is not on PATH (pip install nvidia-cuda-nvdisasm)")
@@ -409,7 +423,7 @@ def load_order(ptx, arch="sm_90a"):
         src, obj = pathlib.Path(tmp, "k.ptx"), pathlib.Path(tmp, "k.cubin")
         src.write_text(ptx)
         subprocess.run(["ptxas", f"-arch={arch}", str(src), "-o", str(obj)], check=True)
-        return time_plans().load_order(subprocess.run([nvdisasm, "-c", str(obj)], check=True, capture_output=True,
+        return check_kernel.load_order(subprocess.run([nvdisasm, "-c", str(obj)], check=True, capture_output=True,
                                                     text=True).stdout)
 
 
@@ -424,7 +438,7 @@ def test_w_first_means_every_load_issues_before_x_is_read(dtype, hidden):
     and sixth passes); 2048 gets it without either. In a ragged row X's last load is predicated, still one
     instruction."""
     plan = sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes)
-    assert plan.early_weight and not plan.stage_x
+    assert plan.early_weight and not staged(plan)
     late, loads = load_order(ptx_of(dtype, hidden, "sm_90a"))
     assert loads == plan.vecs_per_thread * (1 + plan.vec * 4 // 16)  # 16 bytes of X, fp32 W in 16-byte loads
     assert late == 0
@@ -478,9 +492,10 @@ def test_few_rows_of_16_kb_and_more_are_split_over_a_cluster(hidden, elem_bytes,
     (plan,) = plans
     assert (plan.cluster_ctas, plan.threads_per_row, plan.vecs_per_thread) == (4, threads, vecs)
     assert plan.cta_threads == threads // 4 and plan.rows_per_cta == 1
-    assert not plan.stage_x and plan.early_weight
+    assert not staged(plan) and plan.early_weight
     assert [plan.grid(n) for n in (1, 7, most)] == [4, 28, 4 * most]
-    assert plan.shared_memory_bytes == 4 * threads // 32 + 8  # every warp's sum of the row, and the mbarrier
+    dtype = {2: "float16", 4: "float32"}[elem_bytes]  # every warp's sum of the row, and one mbarrier (one row)
+    assert check_kernel.launch_shared_memory(check_kernel.compile_plan(sample, dtype, plan)) == 4 * threads // 32 + 8
     assert sample.plan_kernel(hidden, elem_bytes, most + 1).cluster_ctas == 1
     assert sample.plan_kernel(hidden, elem_bytes, 1, sm90=False).cluster_ctas == 1
 
@@ -491,22 +506,15 @@ def test_the_16_kb_line_splits_many_rows_over_two_ctas():
     sm_90 and for the AOT flavor; no other line splits many rows."""
     plan = sample.plan_kernel(8192, 2)
     assert (plan.cluster_ctas, plan.threads_per_row, plan.cta_threads, plan.vecs_per_thread) == (2, 256, 128, 4)
-    assert not plan.stage_x and plan.early_weight and plan.rows_per_cta == 1
+    assert not staged(plan) and plan.early_weight and plan.rows_per_cta == 1
     assert [plan.grid(n) for n in (1025, 4096)] == [2050, 8192]
     assert {sample.plan_kernel(8192, 2, n) for n in (1025, 32768)} == {plan}
     unsplit = {sample.plan_kernel(8192, 2, n) for n in (33, 128, 129, 384)}
-    assert unsplit == {sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=False)}
-    assert sample.plan_kernel(4096, 4) == sample.KernelPlan(4096, 4, 4, 256, 1, 4, early_weight=True, stage_x=False,
+    assert unsplit == {sample.KernelPlan(8192, 2, 8, 256, 1, 4, "registers", early_weight=True)}
+    assert sample.plan_kernel(4096, 4) == sample.KernelPlan(4096, 4, 4, 256, 1, 4, "registers", early_weight=True,
                                                             cluster_ctas=2)  # fp32 X: also 16 KB rows
     assert sample.plan_kernel(8192, 2, sm90=False).cluster_ctas == 1
     assert all(sample.plan_kernel(h, 2).cluster_ctas == 1 for h in (1024, 4096, 7680, 8200, 12288, 16384, 32768))
-
-
-def test_a_cluster_needs_registers_one_row_per_cta_and_whole_warps_per_cta():
-    with pytest.raises(ValueError, match="cluster"):
-        sample.KernelPlan(8192, 2, 8, 256, 1, 4, early_weight=True, stage_x=True, cluster_ctas=4)
-    with pytest.raises(ValueError, match="cluster"):
-        sample.KernelPlan(8192, 2, 8, 320, 1, 4, early_weight=True, stage_x=False, cluster_ctas=4)
 
 
 def test_the_schedule_gives_every_token_count_one_plan():
@@ -560,7 +568,7 @@ def test_the_mid_plan_stores_its_first_row_before_waiting_for_the_second(hidden)
     commit group each), row 1 waits for its own group only (wait_group 1), and its stores are issued before
     the wait for row 2 (wait_group 0)."""
     mid = sample.plan_kernel(hidden, 2, 512)
-    assert not mid.bulk_copy
+    assert mid.arrival == "cp.async"
     (ptx,) = (text for name, text in entries(ptx_of("float16", hidden, "sm_90a", plans_by_tokens=True)).items()
               if f"_{mid}_" in name)
     copies = [m.start() for m in re.finditer(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16\b", ptx)]
@@ -594,10 +602,10 @@ def test_mid_plan_rows_over_8_kb_arrive_by_one_bulk_copy_each_on_sm_90(hidden, e
     """Only the mid plan, only on sm_90 and newer (cp.async.bulk needs it), only for rows over 8 KB."""
     mid = sample.plan_kernel(hidden, elem_bytes, 512)
     assert mid.rows_in_sequence == (1 if bulk is None else 2)
-    assert mid.bulk_copy is bool(bulk)
-    assert not sample.plan_kernel(hidden, elem_bytes, 512, sm90=False).bulk_copy
+    assert (mid.arrival == "bulk") is bool(bulk)
+    assert sample.plan_kernel(hidden, elem_bytes, 512, sm90=False).arrival != "bulk"
     beyond = sample.row_plan(hidden, elem_bytes).mid[0] + 1  # MID_TOKEN_PLANS pins each line's mid[0]
-    assert not any(sample.plan_kernel(hidden, elem_bytes, n).bulk_copy for n in (1, 128, 384, beyond, None))
+    assert not any(sample.plan_kernel(hidden, elem_bytes, n).arrival == "bulk" for n in (1, 128, 384, beyond, None))
 
 
 @pytest.mark.parametrize("hidden", [5120, 12288])
@@ -679,7 +687,7 @@ def test_max_hidden_is_the_longest_row_the_plan_holds_in_registers():
     for elem_bytes in (2, 4):
         plan = sample.plan_kernel(sample.MAX_HIDDEN, elem_bytes)
         assert plan.threads_per_row == 1024 and plan.vecs_per_thread * plan.vec * plan.threads_per_row == 32768
-        assert plan.vec * elem_bytes == 16 and not plan.stage_x
+        assert plan.vec * elem_bytes == 16 and not staged(plan)
     assert sample.MAX_HIDDEN == 32768
 
 
@@ -698,27 +706,26 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
 
 
 @pytest.mark.parametrize("hidden,line", [
-    (1024, "kernel: vector 8 x 16-bit, 64 threads/row x 2 vectors, 2 rows/CTA, X in registers, launch bound 8 "
-           "CTAs/SM"),
-    (4096, "kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, 1 row/CTA, X staged in shared memory"),
-    (100, "kernel: vector 4 x 16-bit, 16 threads/row x 2 vectors, 16 rows/CTA, X in registers"),
-    (1536, "kernel: vector 8 x 16-bit, 96 threads/row x 2 vectors, 1 row/CTA, X in registers, launch bound 8 CTAs/SM"),
+    (1024, "64 threads/row x 2 vectors of 8 x 16-bit, 2 rows/CTA, X in registers, W first, launch bound 8 CTAs/SM"),
+    (4096, "256 threads/row x 2 vectors of 8 x 16-bit, 1 rows/CTA, X staged by cp.async, W first"),
+    (100, "16 threads/row x 2 vectors of 4 x 16-bit, 16 rows/CTA, X in registers, W late"),
+    (1536, "96 threads/row x 2 vectors of 8 x 16-bit, 1 rows/CTA, X in registers, W first, launch bound 8 CTAs/SM"),
 ])
 def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
-    """What main() prints under its header: vector width, split, rows per CTA, registers or shared memory."""
+    """What main() and --plans print: split, vector, rows per CTA, how X arrives, when W is loaded."""
     assert sample.plan_kernel(hidden).describe() == line
 
 
 def test_the_mid_plan_describes_its_rows_in_turn():
-    assert sample.plan_kernel(8192, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 4 vectors, "
-                                                          "2 rows/CTA in turn, X staged in shared memory by bulk copy")
-    assert sample.plan_kernel(4096, 2, 512).describe() == ("kernel: vector 8 x 16-bit, 256 threads/row x 2 vectors, "
-                                                          "2 rows/CTA in turn, X staged in shared memory")
+    assert sample.plan_kernel(8192, 2, 512).describe() == ("256 threads/row x 4 vectors of 8 x 16-bit, 2 rows/CTA in "
+                                                          "turn, X staged by bulk copy, W first")
+    assert sample.plan_kernel(4096, 2, 512).describe() == ("256 threads/row x 2 vectors of 8 x 16-bit, 2 rows/CTA in "
+                                                          "turn, X staged by cp.async, W first")
 
 
 def test_the_cluster_plan_describes_its_split():
-    assert sample.plan_kernel(16384, 2, 1).describe() == ("kernel: vector 8 x 16-bit, 512 threads/row x 4 vectors, "
-                                                         "each row over a cluster of 4 CTAs, X in registers")
+    assert sample.plan_kernel(16384, 2, 1).describe() == ("512 threads/row x 4 vectors of 8 x 16-bit, each row over a "
+                                                         "cluster of 4 CTAs, X in registers, W first")
 
 
 def test_dtype_table_names_the_same_type_in_every_library():

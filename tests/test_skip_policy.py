@@ -5,6 +5,8 @@ with the marker reasons fixed so the outcome does not depend on this machine.
 """
 
 import importlib.metadata
+import pathlib
+import time
 
 import pytest
 
@@ -110,3 +112,32 @@ def test_the_wheels_tools_are_found(monkeypatch, tool, wheel):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     skip_policy.put_wheel_tools_on_path()
     assert skip_policy.shutil.which(tool), f"no {tool} on PATH nor in an {wheel} wheel"
+
+
+HANGING_GPU_TEST = """
+import time
+
+import pytest
+
+@pytest.mark.gpu
+def test_waits_for_bytes_that_never_come():
+    time.sleep(45)
+"""
+
+
+def test_a_hanging_gpu_test_fails_with_its_name_within_its_time_limit(pytester, monkeypatch):
+    """With a GPU present, a gpu test that hangs is stopped at its time limit (RMS_NORM_TEST_TIMEOUT, here 3 s)
+    and the run fails, naming the test, instead of waiting forever. In a subprocess: the limit ends the process."""
+    pytest.importorskip("pytest_timeout")  # requirements-test.txt has it; in CI this skip is a failure
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: g\n    trt: t\n")
+    pytester.makeconftest("import skip_policy\nskip_policy.marker_reasons = lambda: {'gpu': None, 'trt': None}\n"
+                          "from skip_policy import pytest_collection_modifyitems\n")
+    pytester.makepyfile(test_hang=HANGING_GPU_TEST)
+    monkeypatch.setenv("RMS_NORM_TEST_TIMEOUT", "3")
+    monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).parent))
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess("-v")
+    assert time.monotonic() - started < 30
+    assert result.ret != 0
+    output = result.stdout.str() + result.stderr.str()
+    assert "Timeout" in output and "test_waits_for_bytes_that_never_come" in output, output
