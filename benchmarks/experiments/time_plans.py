@@ -47,7 +47,7 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
     if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
-        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3b)")
+        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3)")
     if threads * vecs * own.vec < hidden:
         raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, the row has {hidden}")
     if staged and own.vec * elem_bytes != sample.VECTOR_BYTES:
