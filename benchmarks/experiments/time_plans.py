@@ -100,7 +100,7 @@ def time_shapes(args):
             if args.compile:
                 inductor = torch.compile(torch_reference, dynamic=False)
                 calls["torch.compile"] = lambda: inductor(x, w)
-            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
+            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens, sm90=sample.is_sm90(arch)))}
             for spec in args.plans:
                 plan = parse_plan(spec, hidden, names.bytes)
                 if (dtype, plan) not in compiled:  # one compilation serves every token count
