@@ -12,28 +12,21 @@ parts (--only, default table,mid) or --shapes.
 """
 
 import argparse
-import importlib.util
 import pathlib
 import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
 from bench_records import SHAPE_PARTS, interleaved_rounds, shapes_of  # noqa: E402
 from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, out_of_tolerance, parse_list, parse_shapes  # noqa: E402
+from support.check_kernel import load_module  # noqa: E402
 
 X_DTYPES = ("float16", "bfloat16", "float32")  # the sample's X/Y dtypes (its ACTIVATION_DTYPES)
-
-
-def load(path: pathlib.Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path / "rms_norm_plugin_cutedsl.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
 
 
 def main():
@@ -45,6 +38,8 @@ def main():
     parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
                         help=f"comma-separated, from {', '.join(X_DTYPES)} (default: the benchmark's)")
     args = parser.parse_args()
+    if not (args.base / "rms_norm_plugin_cutedsl.py").is_file():
+        parser.error(f"{args.base} holds no rms_norm_plugin_cutedsl.py")
     if args.shapes:
         shapes = parse_shapes(args.shapes)
     else:
@@ -52,7 +47,8 @@ def main():
     if shapes is None:
         parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, e.g. 4096x8192,1x1024")
     dtypes = parse_list(parser, "--dtypes", args.dtypes, X_DTYPES)
-    samples = {"base": load(args.base.resolve(), "sample_base"), "new": load(ROOT, "sample_new")}
+    samples = {"base": load_module(args.base.resolve() / "rms_norm_plugin_cutedsl.py", "sample_base"),
+               "new": load_module(ROOT / "rms_norm_plugin_cutedsl.py", "sample_new")}
     print(f"| dtype | tokens x hidden | base us | new us | new / base (median of {args.rounds}) | max |")
     print("|---|---|---|---|---|---|")
     worst = 0.0

@@ -47,7 +47,7 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
     if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
-        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3b)")
+        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3)")
     if threads * vecs * own.vec < hidden:
         raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, the row has {hidden}")
     if staged and own.vec * elem_bytes != sample.VECTOR_BYTES:
@@ -100,7 +100,7 @@ def time_shapes(args):
             if args.compile:
                 inductor = torch.compile(torch_reference, dynamic=False)
                 calls["torch.compile"] = lambda: inductor(x, w)
-            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens))}
+            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens, sm90=sample.is_sm90(arch)))}
             for spec in args.plans:
                 plan = parse_plan(spec, hidden, names.bytes)
                 if (dtype, plan) not in compiled:  # one compilation serves every token count
