@@ -77,7 +77,7 @@ except ImportError:
 # A dtype as TensorRT, torch, cutlass, cupy (the carrier of its bytes: cupy has no bfloat16) and ONNX name it, its
 # size, and the check's tolerances for a Y of this dtype ([8]).
 DTypeNames = collections.namedtuple("DTypeNames", "trt torch cute cupy onnx bytes rtol atol")
-DTYPES = {  # X and Y share a dtype; W may have any of the three (nine pairs): the kernel reads W as FP32
+DTYPES = {  # X and Y share a dtype; W may have any of the three (nine pairs): the kernel computes in FP32
     "float16": DTypeNames("HALF", "float16", "Float16", "float16", "FLOAT16", 2, rtol=2.0 ** -10, atol=1e-6),
     "bfloat16": DTypeNames("BF16", "bfloat16", "BFloat16", "int16", "BFLOAT16", 2, rtol=2.0 ** -7, atol=1e-6),
     "float32": DTypeNames("FLOAT", "float32", "Float32", "float32", "FLOAT", 4, rtol=2.0 ** -18, atol=1e-30),
@@ -179,7 +179,8 @@ class KernelPlan:
     def describe(self) -> str:
         """One line for a reader: how a row is split and how it arrives."""
         rows = (f"each row over a cluster of {self.cluster_ctas} CTAs" if self.cluster_ctas > 1 else
-                f"{self.cta_rows} rows/CTA in turn" if self.rows_in_sequence > 1 else f"{self.rows_per_cta} rows/CTA")
+                f"{self.cta_rows} rows/CTA in turn" if self.rows_in_sequence > 1 else
+                f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA")
         where = {"registers": "X in registers", "cp.async": "X staged by cp.async", "bulk": "X staged by bulk copy"}
         bound = f", launch bound {self.min_ctas_per_sm} CTAs/SM" if self.min_ctas_per_sm else ""
         return (f"{self.threads_per_row} threads/row x {self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}"
@@ -515,8 +516,8 @@ def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple
 
 def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> list:
     """The schedule as a reader sees it: one line per plan, with the token counts it serves."""
-    return [", ".join(f"{(fewer or 0) + 1}-{most or ''}" for fewer, most in counts) + f" tokens: {plan.describe()}"
-            for plan, counts in token_schedule(hidden, elem_bytes, sm90)]
+    return [", ".join(f"{(fewer or 0) + 1}-{most}" if most else f"{(fewer or 0) + 1}+" for fewer, most in counts)
+            + f" tokens: {plan.describe()}" for plan, counts in token_schedule(hidden, elem_bytes, sm90)]
 
 
 # %% [4] The @cute.jit launcher ---------------------------------------------------

@@ -707,9 +707,9 @@ def test_every_baked_in_value_is_in_the_compile_cache_key():
 
 @pytest.mark.parametrize("hidden,line", [
     (1024, "64 threads/row x 2 vectors of 8 x 16-bit, 2 rows/CTA, X in registers, W first, launch bound 8 CTAs/SM"),
-    (4096, "256 threads/row x 2 vectors of 8 x 16-bit, 1 rows/CTA, X staged by cp.async, W first"),
+    (4096, "256 threads/row x 2 vectors of 8 x 16-bit, 1 row/CTA, X staged by cp.async, W first"),
     (100, "16 threads/row x 2 vectors of 4 x 16-bit, 16 rows/CTA, X in registers, W late"),
-    (1536, "96 threads/row x 2 vectors of 8 x 16-bit, 1 rows/CTA, X in registers, W first, launch bound 8 CTAs/SM"),
+    (1536, "96 threads/row x 2 vectors of 8 x 16-bit, 1 row/CTA, X in registers, W first, launch bound 8 CTAs/SM"),
 ])
 def test_plan_describes_how_the_kernel_holds_a_row(hidden, line):
     """What main() and --plans print: split, vector, rows per CTA, how X arrives, when W is loaded."""
