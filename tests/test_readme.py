@@ -18,7 +18,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
 README = ROOT / "README.md"
-SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py", ROOT / "rms_norm_onnx_model.py")
+SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py", ROOT / "rms_norm_onnx_model.py",
+                   ROOT / "rms_norm_saved_engine.py")
 CI_SCRIPT = ROOT / ".ci" / "run"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
@@ -151,8 +152,38 @@ def test_run_output_shows_the_plan_the_sample_compiles(readme):
     assert section, "README.md has no '## Run it' section"
     (output,) = [block for block in fenced_blocks(section.group(1), "") if "Inference result correct!" in block]
     dtype, hidden = re.search(r"^RMSNorm (\w+), hidden (\d+),", output, re.M).groups()
-    plan = sample.plan_kernel(int(hidden), sample.DTYPES[dtype].bytes)
-    assert plan.describe() in output.splitlines()
+    for line in sample.schedule_lines(int(hidden), sample.DTYPES[dtype].bytes):
+        assert line in output.splitlines(), line
+
+
+def plan_table_row(hidden, counts, plan):
+    """The README's row for one plan of the schedule, its cells spelled from the plan's fields."""
+    tokens = ", ".join(f"{(fewer or 0) + 1}-{most}" if most else f"{(fewer or 0) + 1}+" for fewer, most in counts)
+    split = (f"cluster of {plan.cluster_ctas} CTAs" if plan.cluster_ctas > 1 else
+             f"{plan.cta_rows} rows/CTA in turn" if plan.rows_in_sequence > 1 else
+             f"{plan.rows_per_cta} row{'s' if plan.rows_per_cta > 1 else ''}/CTA")
+    arrival = {"registers": "registers", "cp.async": "cp.async", "bulk": "bulk copy"}[plan.arrival]
+    weight = ("first" if plan.early_weight else "late") + (f", bound {plan.min_ctas_per_sm}"
+                                                            if plan.min_ctas_per_sm else "")
+    return (str(hidden), tokens, f"{plan.threads_per_row} × {plan.vecs_per_thread}", split, arrival, weight)
+
+
+def plan_rows_not_scheduled(readme_text, sample):
+    """Rows of the README's `hidden | tokens | ...` table that the sample's sm_90 fp16 schedule lacks, and rows of
+    that schedule, for each hidden size the table shows, that the table lacks."""
+    section = re.search(r"^## Which kernel runs\n(.*?)(?=^## |\Z)", readme_text, re.M | re.S)
+    assert section, "README.md has no '## Which kernel runs' section"
+    (header, rows), = [table for table in markdown_tables(section.group(1)) if table[0][:2] == ["hidden", "tokens"]]
+    shown = {tuple(row) for row in rows}
+    scheduled = {plan_table_row(hidden, counts, plan) for hidden in {int(row[0]) for row in rows}
+                 for plan, counts in sample.token_schedule(hidden, 2, sm90=True)}
+    return shown ^ scheduled
+
+
+def test_the_plan_table_is_what_the_launcher_schedules(readme):
+    import rms_norm_plugin_cutedsl as sample
+
+    assert not plan_rows_not_scheduled(readme, sample)
 
 
 def markdown_tables(text):
@@ -262,3 +293,16 @@ RESULTS = """\
 def test_performance_cell_matching(table, differing):
     readme_text = f"## Performance\n\nText.\n\n{table}\nMore text.\n\n## Next\n"
     assert performance_cells_not_in_results(readme_text, RESULTS) == differing
+
+
+@pytest.mark.parametrize("old,new", [
+    ("| 8192 | 1-32 | 256 × 4 | cluster of 4 CTAs |", "| 8192 | 1-64 | 256 × 4 | cluster of 4 CTAs |"),  # a bound
+    ("| 385-4096 | 512 × 4 | 2 rows/CTA in turn | bulk copy | first, bound 2 |",
+     "| 385-4096 | 512 × 4 | 2 rows/CTA in turn | bulk copy | first |"),                            # a launch bound
+    ("| 4096 | 1-128 | 256 × 2 | 1 row/CTA | registers | first |\n", ""),                          # a row left out
+])
+def test_plan_table_matching(readme, old, new):
+    import rms_norm_plugin_cutedsl as sample
+
+    assert old in readme
+    assert plan_rows_not_scheduled(readme.replace(old, new), sample)
