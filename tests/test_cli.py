@@ -44,6 +44,20 @@ def assert_one_sentence(stderr, *needles):
         assert needle in lines[0], lines[0]
 
 
+# What a script imported before it exited, printed by an atexit hook (runs after sys.exit). The sample imports
+# these first now; rms_norm_onnx_model.py still checks its flags before them (tests/test_onnx_model.py).
+HEAVY = ("torch", "cutlass", "cupy", "tensorrt", "numpy")
+REPORT_HEAVY_IMPORTS = (
+    "import atexit, sys\n"
+    f"atexit.register(lambda: print('HEAVY', sorted({{m.partition('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
+)
+
+
+def heavy_imports(stdout):
+    (line,) = [line for line in stdout.splitlines() if line.startswith("HEAVY ")]
+    return line
+
+
 def test_without_a_gpu_the_script_says_so_and_exits_2():
     code, out, err = run_script()
     assert code == EXIT_USAGE
