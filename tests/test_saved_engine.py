@@ -61,11 +61,6 @@ def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
                             "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
 
 
-def test_the_plugin_the_companion_records_is_the_samples_name_and_version():
-    """What main() writes: a version bump of the plugin (its fields changed) must not load an old engine."""
-    assert f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}" == PLUGIN
-
-
 @pytest.mark.parametrize("argv,source,shown", [
     (["--epsilon", "1e-3"], "plugin", "epsilon 1e-05, not epsilon 0.001"),
     (["--dtype", "bfloat16"], "plugin", "dtype float16, not dtype bfloat16"),
@@ -296,7 +291,7 @@ def test_the_first_run_builds_and_saves_and_the_next_loads(tmp_path, steps, caps
     assert steps == ["check environment", "register creator", "build", ("run", ENGINE_BYTES)]
     assert f"Saved engine to {path} and its record to {path}.json" in capsys.readouterr().out
     assert open(path, "rb").read() == ENGINE_BYTES
-    saved.check_saved_engine(path, record("--hidden-dim", "4096"))  # the record is this engine's
+    saved.check_saved_engine(path, record("--hidden-dim", "4096"))  # this engine's, for RmsNormPlugin v1
 
     steps.clear()
     assert saved.main(["--engine", path, "--hidden-dim", "4096"]) == 0
