@@ -74,8 +74,19 @@ class IPluginV3OneCore:
 
 
 class IPluginV3OneBuild:
+    """The two build methods a plugin may leave out, with the bindings' defaults (NVIDIA/TensorRT
+    python/src/infer/pyPlugin.cpp): when TensorRT asks, PyIPluginV3OneBuildBaseImpl::getWorkspaceSize returns 0
+    and getNbTactics 0 where the Python class has no override, and the base methods Python sees
+    (pluginDoc::getWorkspaceSizeV3, pluginDoc::getValidTactics) return 0 and []."""
+
     def __init__(self):
         pass
+
+    def get_workspace_size(self, inp, out):
+        return 0
+
+    def get_valid_tactics(self):
+        return []
 
 
 class IPluginV3OneRuntime:

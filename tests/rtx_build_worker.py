@@ -30,7 +30,8 @@ Spec keys (all optional):
     x_rank           rank of X (default 2); extra middle dimensions are 2; rank 1 is X [hidden]
     epsilon          value of the node's 'epsilon' attribute (default 1e-5);
                      null leaves the attribute out; "nan"/"inf" are accepted
-    epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int"
+    epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int", "float16_tensor" (a
+                     one-element FLOAT16 tensor, which the parser hands over as a FLOAT16 field)
     profile          [min, opt, max] token counts for X (default [1, 128, 512])
     model_path       for source "model": an ONNX file (plugin nodes are found through the registry), parsed
                      by path as rms_norm_onnx_model.build_engine does, so external data is read beside it
@@ -41,16 +42,18 @@ Spec keys (all optional):
                      to show the engine-record check catches a dangling buffer
     source           where the network comes from:
                      "test_onnx" (default) the ONNX model written below, W an initializer;
-                     "sample_onnx" the sample's own make_onnx_model (what --from-onnx parses);
+                     "sample_onnx" the sample's own onnx_network (what --from-onnx parses): its model and its
+                     strongly_typed request, parsed by TensorRT-RTX's own parser (see parse_with_rtx);
                      "companion_one_node" rms_norm_onnx_model.one_node_model: ONNX's RMSNormalization,
                      which TensorRT imports with its own layers (what the companion compares without a model);
                      "model" the ONNX file at model_path, built for `shapes`.
-                     All but "test_onnx" build a strongly typed network, as the sample does. (The sample's
-                     define_plugin_network needs INetworkDefinition.add_plugin_v3, which
-                     TensorRT has and TensorRT-RTX does not; it is covered by the `trt` tests.)
+                     "companion_one_node" and "model" build a strongly typed network, as the sample does. (The
+                     sample's plugin_network needs INetworkDefinition.add_plugin_v3, which TensorRT has and
+                     TensorRT-RTX does not; it is covered by the `trt` tests.)
 
 Prints exactly one line on stdout: a JSON object with
-    parse_ok, parser_errors, build_ok, engine_size, epsilon_record_found,
+    parse_ok, parser_errors, strongly_typed (the parsed network's flag), stage_error (a TensorRTError the
+    sample raised, as one sentence, else null), build_ok, engine_size, epsilon_record_found,
     epsilon_records (float32 values stored after each b"epsilon\\0" name),
     configure_plugin (per call: inputs/outputs with min/opt/max dims and type),
     logger_errors, outputs (the network's output names and dtypes).
@@ -128,7 +131,8 @@ def write_onnx(path: str, spec: dict) -> None:
     eps = spec["epsilon"]
     if eps is not None:
         eps = float(eps)  # also turns "nan"/"inf" into floats
-        attrs["epsilon"] = {"float": eps, "floats": [eps, eps], "int": int(eps) if math.isfinite(eps) else 1}[
+        attrs["epsilon"] = {"float": eps, "floats": [eps, eps], "int": int(eps) if math.isfinite(eps) else 1,
+                            "float16_tensor": helper.make_tensor("epsilon", TensorProto.FLOAT16, [1], [eps])}[
             spec["epsilon_type"]]
     node = helper.make_node("RmsNormPlugin", ["X", "W"], ["Y"], name="rms_norm", **attrs)
     graph = helper.make_graph([node], "rms_norm", [x], [y], initializer=[w])
@@ -168,11 +172,32 @@ def install_buggy_serialize(sample, trt) -> None:
     sample.RmsNormPlugin.get_fields_to_serialize = get_fields_to_serialize
 
 
+def parse_with_rtx(trt, logger, result: dict):
+    """TEST DOUBLE of polygraphy.backend.trt.network_from_onnx_bytes, which the sample's onnx_network calls:
+    Polygraphy refuses TensorRT-RTX (its create_network asks for EXPLICIT_BATCH, which RTX lacks), so this makes
+    what Polygraphy's NetworkFromOnnxBytes makes (polygraphy/backend/trt/loader.py), with TensorRT-RTX's own API:
+    a builder, a network, strongly typed only if asked, and a parser that has parsed the sample's bytes; like
+    Polygraphy it raises when the parse fails (the sample turns that into its TensorRTError)."""
+
+    def network_from_onnx_bytes(model_bytes, strongly_typed=None):
+        builder = trt.Builder(logger)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+                                         if strongly_typed else 0)
+        parser = trt.OnnxParser(network, logger)
+        result["parse_ok"] = bool(parser.parse(model_bytes))
+        result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
+        if not result["parse_ok"]:
+            raise RuntimeError("the ONNX parser failed")  # Polygraphy: check_onnx_parser_errors
+        return builder, network, parser
+
+    return network_from_onnx_bytes
+
+
 def build(spec: dict) -> dict:
     trt, sample = load_sample_with_rtx()
     result = {"parse_ok": False, "parser_errors": [], "build_ok": False, "engine_size": 0,
               "epsilon_record_found": False, "epsilon_records": [], "configure_plugin": [], "logger_errors": [],
-              "outputs": []}
+              "outputs": [], "strongly_typed": None, "stage_error": None}
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -188,8 +213,18 @@ def build(spec: dict) -> dict:
     if spec["buggy_serialize"]:
         install_buggy_serialize(sample, trt)
 
-    builder = trt.Builder(logger)
-    if spec["source"] == "test_onnx":
+    if spec["source"] == "sample_onnx":
+        import polygraphy.backend.trt
+
+        polygraphy.backend.trt.network_from_onnx_bytes = parse_with_rtx(trt, logger, result)
+        try:
+            builder, network, parser = sample.onnx_network(spec["x_hidden"], spec["dtype"], spec["epsilon"],
+                                                           spec["w_dtype"])
+        except sample.TensorRTError as exc:
+            result["stage_error"] = str(exc)
+            return result
+    elif spec["source"] == "test_onnx":
+        builder = trt.Builder(logger)
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, logger)
         with tempfile.TemporaryDirectory() as tmp:
@@ -198,6 +233,7 @@ def build(spec: dict) -> dict:
             with open(onnx_path, "rb") as f:
                 result["parse_ok"] = bool(parser.parse(f.read()))
     else:
+        builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
         if spec["source"] == "model":
@@ -217,12 +253,11 @@ def build(spec: dict) -> dict:
                                       epsilon=spec["epsilon"], seed=0)
             proto = onnx_ir.serde.serialize_model(companion.one_node_model(args))
             result["parse_ok"] = bool(parser.parse(proto.SerializeToString()))
-        else:  # "sample_onnx"
-            model = sample.make_onnx_model(spec["x_hidden"], spec["dtype"], spec["epsilon"], spec["w_dtype"])
-            result["parse_ok"] = bool(parser.parse(model))
-    result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
+    if spec["source"] != "sample_onnx":
+        result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
     if not result["parse_ok"]:
         return result
+    result["strongly_typed"] = bool(network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     result["outputs"] = [[network.get_output(i).name, str(network.get_output(i).dtype)]
                          for i in range(network.num_outputs)]
 

@@ -65,6 +65,21 @@ def test_launch_dims_cover_every_row_with_the_threads_the_ptx_requires(dtype, hi
     assert (smem > 0) == ("__dynamic_shmem__" in ptx and "st.shared" in ptx)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 5120, 8192, 16384, sample.MAX_HIDDEN])
+def test_the_shared_memory_asked_of_tensorrt_is_what_cutedsl_allocates(dtype, hidden):
+    """TensorRT gives the AOT kernel exactly the dynamic shared memory aot_launch_dims asks for: it must equal the
+    size CuteDSL itself computed for the launch (support/check_kernel.py reads it from the host code), and stay
+    within the 48 KB a launch gets without an opt-in attribute, which TensorRT's AOT launch does not set."""
+    from support.check_kernel import launch_shared_memory
+
+    plan = aot.aot_kernel(dtype, hidden, 1e-5, "sm_90a")[2]
+    compiled = sample.compile_rms_norm(dtype, hidden, 1e-5, arch="sm_90a", plans_by_tokens=False)
+    for tokens in (1, 37, 512):
+        assert aot.aot_launch_dims(plan, tokens)[2] == launch_shared_memory(compiled)
+    assert launch_shared_memory(compiled) <= 48 * 1024
+
+
 def test_unknown_arch_is_refused():
     with pytest.raises(sample.UsageError, match="sm_70"):
         aot.aot_kernel("float16", 1024, 1e-5, "sm_70")

@@ -1,13 +1,17 @@
 """CPU: the scripts run as a user runs them, on a machine without a GPU or with bad flags.
 
 Every user error must end in one sentence on stderr and the documented exit
-code (2), never a traceback; flags are checked before torch, CuteDSL or
-TensorRT is imported, so those errors come at once.
+code (2), never a traceback. The sample imports torch, CuteDSL and cupy first
+and parses its flags after them (the flag-checking lesson comes after the
+plugin in the file), so a flag error no longer comes before those imports; it
+must still come before any GPU or TensorRT check: on this machine, which has
+no GPU, a bad flag is reported as the flag's error, not as "no CUDA GPU".
 """
 
+import argparse
+import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,7 +19,8 @@ from conftest import SAMPLE_PATH
 
 EXIT_USAGE = 2
 AOT_PATH = SAMPLE_PATH.parent / "rms_norm_aot_cutedsl.py"
-HEAVY = ("torch", "cutlass", "cupy", "tensorrt", "numpy")
+SAVED_PATH = SAMPLE_PATH.parent / "rms_norm_saved_engine.py"
+INT32_MAX = 2**31 - 1  # the kernel counts rows in an Int32
 
 
 def run_script(*args, prelude=None, script=SAMPLE_PATH, python_flags=()):
@@ -39,7 +44,9 @@ def assert_one_sentence(stderr, *needles):
         assert needle in lines[0], lines[0]
 
 
-# What the script imported before it exited, printed by an atexit hook (runs after sys.exit).
+# What a script imported before it exited, printed by an atexit hook (runs after sys.exit). The sample imports
+# these first now; rms_norm_onnx_model.py still checks its flags before them (tests/test_onnx_model.py).
+HEAVY = ("torch", "cutlass", "cupy", "tensorrt", "numpy")
 REPORT_HEAVY_IMPORTS = (
     "import atexit, sys\n"
     f"atexit.register(lambda: print('HEAVY', sorted({{m.partition('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))"
@@ -64,58 +71,121 @@ def test_without_a_gpu_the_aot_script_says_so_and_exits_2():
     assert_one_sentence(err, "no CUDA GPU")
 
 
+# TEST DOUBLE for the GPU (there is none here): torch reports one of the given compute capability, so the
+# environment check goes on past the GPU to what it checks next.
+def fake_gpu(major, minor):
+    return ("import torch\n"
+            "torch.cuda.is_available = lambda: True\n"
+            f"torch.cuda.get_device_capability = lambda device=None: ({major}, {minor})\n"
+            "torch.cuda.get_device_name = lambda device=None: 'Fake GPU'\n")
+
+
+def test_a_gpu_older_than_sm80_is_named_with_its_compute_capability():
+    code, out, err = run_script(prelude=fake_gpu(7, 5))
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "Fake GPU has compute capability 7.5", "8.0 or newer")
+    assert "Inference result" not in out
+
+
+@pytest.mark.parametrize("script", [SAMPLE_PATH, AOT_PATH], ids=["plugin", "aot"])
+def test_without_tensorrt_the_scripts_name_its_pip_package(script):
+    """Past the GPU check, a missing TensorRT is one sentence naming the pip package to install (hidden, so that
+    this holds where TensorRT is installed too)."""
+    code, _, err = run_script(prelude=fake_gpu(9, 0) + "import sys; sys.modules['tensorrt'] = None\n", script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "package tensorrt-cu12 (tensorrt-cu13 for CUDA 13) is not installed",
+                        "pip install -r requirements.txt")
+
+
 BAD_FLAGS = [
-    (["--num-tokens", "600"], "outside the profile [1, 512]"),
-    (["--num-tokens", "0"], "outside the profile"),
+    (["--num-tokens", "600"], "--num-tokens 600 is outside the profile [1, 512]"),
+    (["--num-tokens", "0"], f"--num-tokens must be in [1, {INT32_MAX}], got 0"),
     (["--min-tokens", "200", "--opt-tokens", "100"], "--min-tokens <= --opt-tokens"),
     (["--opt-tokens", "600"], "--opt-tokens <= --max-tokens"),
+    (["--min-tokens", "0"], f"--min-tokens must be in [1, {INT32_MAX}], got 0"),
+    (["--max-tokens", str(INT32_MAX + 1)], f"--max-tokens must be in [1, {INT32_MAX}], got {INT32_MAX + 1}"),
+    (["--seed", "-1"], "--seed must be in [0, "),
     (["--epsilon", "0"], "--epsilon"),
     (["--epsilon", "-1e-5"], "--epsilon"),
     (["--epsilon", "nan"], "--epsilon"),
     (["--epsilon", "inf"], "--epsilon"),
     (["--epsilon", "1e-50"], "--epsilon"),  # > 0 as a double, 0 in float32
     (["--epsilon", "1e39"], "--epsilon"),   # finite as a double, beyond float32
-    (["--hidden-dim", "0"], "--hidden-dim"),
-    (["--hidden-dim", "40000"], "--hidden-dim"),
+    (["--hidden-dim", "0"], "--hidden-dim must be in [1, 32768], got 0"),
+    (["--hidden-dim", "40000"], "--hidden-dim must be in [1, 32768], got 40000"),
     (["--dtype", "float64"], "--dtype"),
     (["--weight-dtype", "float64"], "--weight-dtype"),
     (["--num-tokens", "many"], "--num-tokens"),
-    (["--engine", "/nonexistent/dir/x.engine"], "directory '/nonexistent/dir' does not exist"),
-    (["--engine", "/etc/hostname/x.engine"], "'/etc/hostname' is not a directory"),
-    (["--engine", "/tmp"], "'/tmp' exists but is not a file"),
+    # flags the sample had before its restructuring: their lessons are the companions' now
+    (["--engine", "rms.engine"], "unrecognized arguments: --engine"),
+    (["--compare-builtin"], "unrecognized arguments: --compare-builtin"),
+    (["--from-onnx", "model.onnx"], "unrecognized arguments: model.onnx"),  # a plain switch: no model path
 ]
 
 
 @pytest.mark.parametrize("args,needle", BAD_FLAGS)
-def test_bad_flags_get_one_sentence_and_exit_2_before_any_heavy_import(args, needle):
-    code, out, err = run_script(*args, prelude=REPORT_HEAVY_IMPORTS)
+def test_bad_flags_get_one_sentence_and_exit_2_before_the_gpu_check(args, needle):
+    """Without these flags the same run stops at the GPU check (the first test above); with them it must stop at
+    the flag, before that check and before the run's header."""
+    code, out, err = run_script(*args)
     assert code == EXIT_USAGE
     assert_one_sentence(err, needle)
-    assert heavy_imports(out) == "HEAVY []"
+    assert "no CUDA GPU" not in err and "RMSNorm " not in out
 
 
-@pytest.mark.parametrize("args,needle", BAD_FLAGS[:2] + BAD_FLAGS[-3:])
+@pytest.mark.parametrize("args,needle", BAD_FLAGS[:2] + [
+    (["--from-onnx"], "--from-onnx builds the Python plugin's engine; this flavor builds its own AOT op")])
 def test_the_aot_script_checks_the_same_flags(args, needle):
-    code, _, err = run_script(*args, script=AOT_PATH)
+    code, out, err = run_script(*args, script=AOT_PATH)
     assert code == EXIT_USAGE
     assert_one_sentence(err, needle)
+    assert "no CUDA GPU" not in err
 
 
-def test_help_and_a_flag_error_return_well_under_a_second():
-    for args, expected_code in ((["--help"], 0), (["--dtype", "float64"], EXIT_USAGE)):
-        start = time.perf_counter()
-        code, out, _ = run_script(*args, prelude=REPORT_HEAVY_IMPORTS)
-        elapsed = time.perf_counter() - start
-        assert code == expected_code
-        assert heavy_imports(out) == "HEAVY []"
-        assert elapsed < 1.0, f"{args}: {elapsed:.2f} s"
+def plans_sections(stdout):
+    """{section header: [(first, last or None, description), ...]} of a --plans listing."""
+    sections, current = {}, None
+    for line in stdout.splitlines():
+        if not line.startswith("  "):
+            current = sections.setdefault(line, [])
+            continue
+        spans, _, description = line.strip().partition(" tokens: ")
+        for span in spans.split(", "):
+            first, last = re.fullmatch(r"(\d+)-(\d*)", span).groups()
+            current.append((int(first), int(last) if last else None, description))
+    return sections
+
+
+@pytest.mark.parametrize("dtype, hidden", [("float16", 8192), ("float32", 1000), ("bfloat16", 32768)])
+def test_plans_lists_every_token_count_once_for_both_gpu_families_without_a_gpu(dtype, hidden):
+    code, out, err = run_script("--plans", "--dtype", dtype, "--hidden-dim", str(hidden))
+    assert code == 0, err
+    sections = plans_sections(out)
+    assert list(sections) == [f"{dtype} hidden {hidden}, sm_90 and newer:", f"{dtype} hidden {hidden}, sm_80 to sm_89:"]
+    bits = {"float16": 16, "bfloat16": 16, "float32": 32}[dtype]
+    for header, spans in sections.items():
+        spans.sort(key=lambda span: span[0])
+        assert spans[0][0] == 1 and spans[-1][1] is None, (header, spans)  # from one token, unbounded
+        for (_, last, _), (first, _, _) in zip(spans, spans[1:]):
+            assert first == last + 1, (header, spans)                       # no gap, no overlap
+        assert all(re.match(rf"\d+ threads/row x \d+ vectors of \d+ x {bits}-bit, ", d) for _, _, d in spans), spans
+    assert not any("cluster" in d or "bulk" in d for _, _, d in sections[f"{dtype} hidden {hidden}, sm_80 to sm_89:"])
+
+
+def test_the_aot_script_plans_is_its_one_kernel_for_every_count():
+    """Hand-derived from ROW_PLANS: a 16 KB row (8192 fp16) takes 4 vectors of 8 per thread, so 1024 vectors need
+    256 threads, one row per CTA, X in registers; the AOT kernel is that plan without a cluster."""
+    code, out, err = run_script("--plans", "--hidden-dim", "8192", script=AOT_PATH)
+    assert code == 0, err
+    assert out.splitlines() == ["every token count: 256 threads/row x 4 vectors of 8 x 16-bit, 1 rows/CTA, "
+                                "X in registers, W first"]
 
 
 @pytest.mark.parametrize("package,pip_name", [
     ("numpy", "numpy"), ("cuda", "cuda-python"), ("cupy", "cupy-cuda12x"), ("torch", "torch"),
     ("cutlass", "nvidia-cutlass-dsl"),
 ])
-@pytest.mark.parametrize("script", [SAMPLE_PATH, AOT_PATH], ids=["plugin", "aot"])
+@pytest.mark.parametrize("script", [SAMPLE_PATH, AOT_PATH, SAVED_PATH], ids=["plugin", "aot", "saved_engine"])
 def test_missing_package_names_its_pip_package_and_exits_2(package, pip_name, script):
     code, _, err = run_script(prelude=f"import sys; sys.modules[{package!r}] = None", script=script)
     assert code == EXIT_USAGE
@@ -142,7 +212,7 @@ def test_from_onnx_without_onnx_installed_says_what_to_install(monkeypatch):
 
     monkeypatch.setitem(_sys.modules, "onnx", None)
     with pytest.raises(sample.UsageError, match="pip install onnx"):
-        sample.make_onnx_model(1024, "float16", 1e-5)
+        sample.onnx_network(1024, "float16", 1e-5, "float32")
 
 
 @pytest.mark.parametrize(
@@ -154,10 +224,44 @@ def test_from_onnx_without_onnx_installed_says_what_to_install(monkeypatch):
         (64, 64, 64, 64, [64]),                  # a one-shape profile has no other count to run
     ],
 )
-def test_token_counts_are_the_main_run_the_profile_edges_and_an_odd_count(num, lo, opt, hi, expected):
-    import argparse
-
+def test_run_checks_the_main_run_the_profile_edges_and_an_odd_count(monkeypatch, capsys, num, lo, opt, hi, expected):
     import rms_norm_plugin_cutedsl as sample
 
-    args = argparse.Namespace(num_tokens=num, min_tokens=lo, opt_tokens=opt, max_tokens=hi)
-    assert sample.token_counts(args) == expected
+    parser = sample.make_parser("test")
+    args = sample.validate_args(parser, parser.parse_args(
+        ["--num-tokens", str(num), "--min-tokens", str(lo), "--opt-tokens", str(opt), "--max-tokens", str(hi)]))
+    ran = []
+    engine = object()  # double: an engine (TensorRT cannot build one here)
+    monkeypatch.setattr(sample, "check_environment", lambda: None)  # double: there is no GPU here
+
+    def run_and_check(made, token_counts, *rest):  # double: records what run hands to the real check
+        assert made is engine
+        ran.append(list(token_counts))
+        return True
+
+    monkeypatch.setattr(sample, "run_and_check", run_and_check)
+    assert sample.run(args, lambda a: engine) == 0
+    assert ran == [expected]
+    assert capsys.readouterr().out.splitlines()[-1] == "Inference result correct!"
+
+
+def test_validate_args_returns_the_flags_it_accepts():
+    import rms_norm_plugin_cutedsl as sample
+
+    parser = sample.make_parser("test")
+    args = parser.parse_args(["--hidden-dim", "32768", "--seed", str(2**64 - 1), "--epsilon", "1e-6"])
+    assert sample.validate_args(parser, args) is args
+    assert isinstance(args, argparse.Namespace) and args.from_onnx is False and args.plans is False
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "sample bug: --seed accepts up to 2**64 - 1, but run_and_check seeds count i with seed + i, which torch "
+    "refuses past 2**64 - 1; the run then fails inside the 'execution context' stage, blaming TensorRT"))
+def test_every_seed_a_run_uses_is_one_torch_takes():
+    """run_and_check draws the inputs of its i-th token count (up to four: main, min, max, odd) with seed + i."""
+    import rms_norm_plugin_cutedsl as sample
+
+    parser = sample.make_parser("test")
+    args = sample.validate_args(parser, parser.parse_args(["--seed", str(2**64 - 1)]))  # accepted: one sentence
+    for i in range(4):
+        sample.make_inputs(1, 8, "float16", args.seed + i)

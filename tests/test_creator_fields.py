@@ -63,16 +63,28 @@ def test_valid_epsilon_becomes_the_plugins_float32_epsilon(sample_rtx, trt, eps,
     assert plugin.epsilon == float(np.float32(eps))
 
 
+NEEDS = "RmsNormPlugin: needs one FLOAT32 field 'epsilon' holding one value, got "
+
+
 def test_missing_epsilon_is_refused(sample_rtx, trt):
-    with pytest.raises(ValueError, match="'epsilon' is missing"):
+    with pytest.raises(ValueError) as info:
         create_from(sample_rtx, trt, trt.PluginFieldCollection([]))
+    assert str(info.value) == NEEDS + "fields []"
 
 
 def test_misnamed_field_is_refused_as_missing_epsilon(sample_rtx, trt):
     data = np.array([1e-5], dtype=np.float32)
     fields = trt.PluginFieldCollection([trt.PluginField("eps", data, trt.PluginFieldType.FLOAT32)])
-    with pytest.raises(ValueError, match="'epsilon' is missing"):
+    with pytest.raises(ValueError) as info:
         create_from(sample_rtx, trt, fields)
+    assert str(info.value) == NEEDS + "fields ['eps']"
+
+
+# TensorRT's PluginField.data refuses to convert FLOAT16 and BF16 fields (pyPlugin.cpp: "No known conversion for
+# returning data from PluginField"), and create_plugin reads .data to say how many values the field holds.
+UNREADABLE = pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
+    "sample bug: create_plugin's message reads field.data, which the bindings cannot convert for this type, so "
+    "the user gets TensorRT's AttributeError instead of the sample's sentence"))
 
 
 @pytest.mark.parametrize(
@@ -80,12 +92,14 @@ def test_misnamed_field_is_refused_as_missing_epsilon(sample_rtx, trt):
     [
         (np.array([1], dtype=np.int32), "INT32"),
         (np.array([1e-5], dtype=np.float64), "FLOAT64"),
-        (np.array([1e-5], dtype=np.float16), "FLOAT16"),
+        pytest.param(np.array([1e-5], dtype=np.float16), "FLOAT16", marks=UNREADABLE),
+        pytest.param(np.array([1e-5], dtype=np.float16), "BF16", marks=UNREADABLE),  # bf16's bits, 2 bytes each
     ],
 )
 def test_epsilon_of_another_field_type_is_refused(sample_rtx, trt, data, field_type):
-    with pytest.raises(ValueError, match="'epsilon' must be FLOAT32"):
+    with pytest.raises(ValueError) as info:
         create(sample_rtx, trt, data, field_type)
+    assert str(info.value).startswith(NEEDS + f"a PluginFieldType.{field_type} field"), str(info.value)
 
 
 @pytest.mark.parametrize("eps", [math.nan, math.inf, -math.inf, 0.0, -1e-5, 1e-50])
@@ -96,8 +110,9 @@ def test_epsilon_that_is_not_finite_and_positive_in_float32_is_refused(sample_rt
 
 @pytest.mark.parametrize("values", [[1e-5, 1e-5], []])
 def test_epsilon_with_other_than_one_value_is_refused(sample_rtx, trt, values):
-    with pytest.raises(ValueError, match="'epsilon' must hold exactly one float32 value"):
+    with pytest.raises(ValueError) as info:
         create(sample_rtx, trt, np.array(values, dtype=np.float32))
+    assert str(info.value) == NEEDS + f"a PluginFieldType.FLOAT32 field of {len(values)} values"
 
 
 # -- what the plugin serializes ----------------------------------------------------------

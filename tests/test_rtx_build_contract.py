@@ -18,7 +18,11 @@ What is checked:
   the plugin owns);
 * a dynamic or out-of-range hidden size is refused by get_output_shapes;
 * unsupported inputs (an int32 X or W among them) and bad epsilon attributes
-  are refused with the sample's own message, and never crash the process.
+  are refused with the sample's own message, and never crash the process;
+* the sample's own onnx_network (what --from-onnx builds) reaches the plugin
+  through the parser in a strongly typed network, and a parse that fails is
+  its "ONNX parse" stage in one sentence (Polygraphy refuses TensorRT-RTX, so
+  the worker parses the sample's bytes with RTX's own API; see parse_with_rtx).
 """
 
 import concurrent.futures
@@ -58,12 +62,14 @@ BUILDS = {
     "epsilon_nan": dict(epsilon="nan"),
     "epsilon_int": dict(epsilon=1, epsilon_type="int"),
     "epsilon_two_values": dict(epsilon=1e-5, epsilon_type="floats"),
+    "epsilon_float16_tensor": dict(epsilon=1e-5, epsilon_type="float16_tensor"),
     "buggy_serialize": dict(epsilon=SMALL_EPS, buggy_serialize=True),
     # what --from-onnx parses, and the one-node ONNX RMSNormalization model rms_norm_onnx_model.py compares with
     "sample_onnx_fp16": dict(source="sample_onnx", dtype="float16", epsilon=SMALL_EPS),
     "sample_onnx_bf16": dict(source="sample_onnx", dtype="bfloat16", epsilon=ROUND_EPS),
     "sample_onnx_fp16_w_fp16": dict(source="sample_onnx", dtype="float16", w_dtype="float16", epsilon=SMALL_EPS),
     "sample_onnx_fp32_w_bf16": dict(source="sample_onnx", dtype="float32", w_dtype="bfloat16", epsilon=SMALL_EPS),
+    "sample_onnx_epsilon_zero": dict(source="sample_onnx", epsilon=0.0),  # what the flags refuse, past them
     "builtin_fp16": dict(source="companion_one_node", dtype="float16"),
     "builtin_bf16": dict(source="companion_one_node", dtype="bfloat16"),
     "builtin_fp32_w_fp16": dict(source="companion_one_node", dtype="float32", w_dtype="float16"),
@@ -166,15 +172,23 @@ def test_unsupported_inputs_are_refused_with_the_plugins_message(builds, name, m
     assert message in build.messages()
 
 
+NEEDS = "RmsNormPlugin: needs one FLOAT32 field 'epsilon' holding one value, got "
+
+
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("epsilon_missing", "required field 'epsilon' is missing"),
+        ("epsilon_missing", NEEDS + "fields []"),  # the parser passes plugin_version and plugin_namespace to no one
         ("epsilon_zero", "field 'epsilon' must be finite and > 0"),
         ("epsilon_negative", "field 'epsilon' must be finite and > 0"),
         ("epsilon_nan", "field 'epsilon' must be finite and > 0"),
-        ("epsilon_int", "field 'epsilon' must be FLOAT32"),
-        ("epsilon_two_values", "field 'epsilon' must hold exactly one float32 value"),
+        ("epsilon_int", NEEDS + "a PluginFieldType.INT32 field of 1 values"),
+        ("epsilon_two_values", NEEDS + "a PluginFieldType.FLOAT32 field of 2 values"),
+        # A FLOAT16 tensor attribute reaches create_plugin as a FLOAT16 field, whose .data the bindings cannot
+        # convert: create_plugin's message reads it (test_creator_fields.py shows the same without a parser).
+        pytest.param("epsilon_float16_tensor", NEEDS + "a PluginFieldType.FLOAT16 field", marks=pytest.mark.xfail(
+            strict=True, raises=AssertionError, reason="sample bug: the user gets TensorRT's AttributeError "
+            "'No known conversion for returning data from PluginField', not the plugin's sentence")),
     ],
 )
 def test_bad_epsilon_attribute_fails_the_parse(builds, name, message):
@@ -201,6 +215,8 @@ def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, na
     build = builds[name]
     assert build["parse_ok"], build.messages()
     assert build["build_ok"], build.messages()
+    assert build["stage_error"] is None
+    assert build["strongly_typed"], "the sample asks Polygraphy for a strongly typed network"
     assert build["epsilon_record_found"], build["epsilon_records"]
     x, w = build.configure_inputs()
     assert x == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
@@ -208,6 +224,16 @@ def test_the_samples_onnx_model_reaches_the_plugin_through_the_parser(builds, na
     spec = BUILDS[name]
     inputs = [i["type"] for i in build["configure_plugin"][-1]["inputs"]]
     assert inputs == [TRT_TYPE[spec["dtype"]], TRT_TYPE[spec.get("w_dtype", "float32")]]
+
+
+def test_a_parse_of_the_samples_model_that_fails_is_the_onnx_parse_stage_in_one_sentence(builds):
+    """onnx_network runs the parse inside tensorrt_stage("ONNX parse"): the plugin's refusal reaches the user as
+    the sample's TensorRTError, and the plugin's own sentence is in TensorRT's log."""
+    build = builds["sample_onnx_epsilon_zero"]
+    assert not build["parse_ok"]
+    assert build["stage_error"].startswith("TensorRT failed at the ONNX parse stage"), build["stage_error"]
+    assert "\n" not in build["stage_error"]
+    assert "field 'epsilon' must be finite and > 0" in build.stderr
 
 
 @pytest.mark.parametrize("name", ["builtin_fp16", "builtin_bf16", "builtin_fp32_w_fp16"])

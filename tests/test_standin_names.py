@@ -81,6 +81,7 @@ def test_the_introspected_list_covers_what_the_sample_uses():
         "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "TensorFormat.LINEAR",
         "PluginFieldType.FLOAT32", "TensorRTPhase.BUILD", "TensorRTPhase.RUNTIME",
         "IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuild", "IPluginV3OneRuntime", "IPluginCreatorV3One",
+        "IPluginV3OneBuild.get_workspace_size", "IPluginV3OneBuild.get_valid_tactics",
         "PluginField", "PluginField.name", "PluginField.data", "PluginField.type", "PluginFieldCollection",
         "PluginTensorDesc", "PluginTensorDesc.dims", "PluginTensorDesc.type", "PluginTensorDesc.format",
         "get_plugin_registry", "get_plugin_registry().register_creator", "get_plugin_registry().get_creator",
@@ -140,3 +141,19 @@ def test_descriptor_dims_are_python_ints(fields_module):
     else:
         desc = trt.PluginTensorDesc((np.int64(37), 1024))
     assert [type(d) for d in desc.dims] == [int, int] and tuple(desc.dims) == (37, 1024)
+
+
+def test_a_plugin_without_workspace_or_tactic_methods_gets_the_bindings_defaults(fields_module):
+    """The sample leaves out get_workspace_size and get_valid_tactics: the base class answers no workspace and no
+    tactics, on the real bindings (pyPlugin.cpp's pluginDoc::getWorkspaceSizeV3 and getValidTactics) and the
+    stand-in alike."""
+    trt = fields_module
+
+    class Bare(trt.IPluginV3, trt.IPluginV3OneBuild):
+        def __init__(self):
+            trt.IPluginV3.__init__(self)
+            trt.IPluginV3OneBuild.__init__(self)
+
+    bare = Bare()
+    assert bare.get_workspace_size([], []) == 0
+    assert bare.get_valid_tactics() == []

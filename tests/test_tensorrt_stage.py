@@ -1,6 +1,6 @@
 """CPU: a step TensorRT refuses ends in exit 2 and one sentence naming the step, never a traceback.
 
-TensorRT cannot run here, so main() gets doubles for the steps that need it
+TensorRT cannot run here, so main() and build_engine() get doubles for the steps that need it
 (labelled below). They fail exactly as Polygraphy does when TensorRT returns
 None: polygraphy.logger.G_LOGGER.critical(...) prints its line and raises
 PolygraphyException (polygraphy/backend/trt/loader.py EngineBytesFromNetwork
@@ -34,44 +34,122 @@ def test_a_usage_error_inside_a_stage_stays_itself():
             raise sample.UsageError("--from-onnx needs the onnx package")
 
 
+def flags(*argv):
+    parser = sample.make_parser("test")
+    return sample.validate_args(parser, parser.parse_args(list(argv)))
+
+
 @pytest.fixture
 def no_gpu_check(monkeypatch):
-    # double: there is no GPU here; returns what the real check returns on an H200
-    monkeypatch.setattr(sample, "check_environment", lambda: "sm_90a")
+    # double: there is no GPU here; the real check returns None on a usable one
+    monkeypatch.setattr(sample, "check_environment", lambda: None)
 
 
-def failing_build(*args, source="plugin", w_dtype="float32"):
-    """Double of build_engine (needs TensorRT): fails at the engine build, as Polygraphy does."""
+def failing_build(*args):
+    """Double of build_engine(args) and build_aot_engine (need TensorRT): fails at the engine build, as Polygraphy
+    does."""
     with sample.tensorrt_stage("engine build"):
         G_LOGGER.critical("Invalid Engine. Please ensure the engine was built correctly")
 
 
 def test_main_exits_2_when_the_build_fails(monkeypatch, capsys, no_gpu_check):
     monkeypatch.setattr(sample, "build_engine", failing_build)
-    assert sample.main(sample.parse_args([])) == 2
+    assert sample.main(flags()) == 2
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "Inference result" not in out
     assert err.splitlines()[-1].startswith("error: TensorRT failed at the engine build stage")
 
 
 def test_main_exits_2_when_the_execution_context_fails(monkeypatch, capsys, no_gpu_check):
-    monkeypatch.setattr(sample, "build_engine", lambda *args, source, w_dtype: object())  # double: an engine
+    monkeypatch.setattr(sample, "build_engine", lambda args: object())  # double: an engine
 
     def failing_run(*args):  # double of run_and_check: TrtRunner cannot create its context
         G_LOGGER.critical("Invalid Context. See error log for details.")
 
     monkeypatch.setattr(sample, "run_and_check", failing_run)
-    assert sample.main(sample.parse_args([])) == 2
+    assert sample.main(flags()) == 2
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "Inference result" not in out
     assert err.splitlines()[-1].startswith("error: TensorRT failed at the execution context stage")
 
 
 def test_a_mismatch_stays_exit_1(monkeypatch, capsys, no_gpu_check):
-    monkeypatch.setattr(sample, "build_engine", lambda *args, source, w_dtype: object())  # double: an engine
+    monkeypatch.setattr(sample, "build_engine", lambda args: object())  # double: an engine
     monkeypatch.setattr(sample, "run_and_check", lambda *args: False)  # double: a run that did not match
-    assert sample.main(sample.parse_args([])) == 1
+    assert sample.main(flags()) == 1
     assert capsys.readouterr().out.splitlines()[-1] == "Inference result incorrect!"
+
+
+def test_a_usage_error_while_making_the_engine_is_one_sentence_and_exit_2(monkeypatch, capsys, no_gpu_check):
+    """--from-onnx without the onnx package: the real build_engine and onnx_network refuse before TensorRT."""
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    monkeypatch.setattr(sample, "gpu_arch", lambda: "sm_90a")  # double: there is no GPU to ask
+    assert sample.main(flags("--from-onnx")) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["error: --from-onnx needs the onnx package; install it with `pip install onnx`"]
+    assert "Inference result" not in out
+
+
+# -- build_engine: the flags to one network and one profile --------------------------------------
+
+
+class Network:
+    """Double of a (builder, network) pair; build_engine only passes it on."""
+
+
+class Plugin:
+    """Double of the plugin plugin_network makes; the test checks it is alive during the build."""
+
+
+@pytest.fixture
+def builders(monkeypatch):
+    """Doubles of the three TensorRT steps build_engine calls, recording how it calls them."""
+    import weakref
+
+    calls = []
+
+    def plugin_network(*network_args):
+        plugin = Plugin()
+        calls.append(("plugin_network", network_args, weakref.ref(plugin)))
+        return Network(), plugin
+
+    def onnx_network(*network_args):
+        calls.append(("onnx_network", network_args, None))
+        return Network()
+
+    def build_from_network(network, shapes):
+        alive = [ref() is not None for name, _, ref in calls if ref is not None]
+        calls.append(("build_from_network", (type(network), shapes), alive))
+        return "engine"
+
+    for name, double in (("plugin_network", plugin_network), ("onnx_network", onnx_network),
+                         ("build_from_network", build_from_network), ("gpu_arch", lambda: "sm_90a")):
+        monkeypatch.setattr(sample, name, double)
+    return calls
+
+
+@pytest.mark.parametrize("from_onnx", [False, True])
+def test_build_engine_makes_the_network_the_flags_ask_for_with_their_profile(builders, capsys, from_onnx):
+    argv = ["--hidden-dim", "4096", "--dtype", "bfloat16", "--weight-dtype", "float16", "--epsilon", "1e-3",
+            "--min-tokens", "3", "--opt-tokens", "37", "--max-tokens", "511", "--num-tokens", "100"]
+    assert sample.build_engine(flags(*argv, *(["--from-onnx"] if from_onnx else []))) == "engine"
+    (made, network_args, _), (built, (network_type, shapes), alive) = builders
+    assert made == ("onnx_network" if from_onnx else "plugin_network") and built == "build_from_network"
+    assert network_args == (4096, "bfloat16", 1e-3, "float16")
+    assert network_type is Network
+    assert shapes == {"X": ((3, 4096), (37, 4096), (511, 4096))}
+    if not from_onnx:
+        assert alive == [True], "the plugin must be held until the build is done"
+
+
+@pytest.mark.parametrize("arch, sm90", [("sm_90a", True), ("sm_86", False)])
+def test_build_engine_prints_the_schedule_for_the_gpus_family(builders, monkeypatch, capsys, arch, sm90):
+    """What --plans lists for that family (at hidden 8192 the two differ: clusters and bulk copies need sm_90)."""
+    monkeypatch.setattr(sample, "gpu_arch", lambda: arch)  # double: the GPU's compile target
+    sample.build_engine(flags("--hidden-dim", "8192"))
+    lines = {family: sample.schedule_lines(8192, 2, family) for family in (True, False)}
+    assert lines[True] != lines[False]
+    assert capsys.readouterr().out.splitlines() == lines[sm90]
 
 
 def test_the_aot_main_exits_2_when_the_build_fails(monkeypatch, capsys, no_gpu_check):

@@ -82,6 +82,24 @@ def test_aot_engine_runs_in_a_process_that_never_imports_the_plugin(tmp_path):
     assert np.array_equal(np.load(tmp_path / "build.npy"), np.load(tmp_path / "load.npy"))
 
 
+def test_aot_script_saves_its_engine_with_a_record_and_a_later_run_loads_it(tmp_path):
+    """--engine goes through rms_norm_saved_engine.py: built and saved once, then loaded, and either way the
+    run says how to run the engine without Python."""
+    import json
+
+    import rms_norm_aot_cutedsl as aot
+
+    engine = tmp_path / "rms_aot.engine"
+    for expected in ("Saved engine", "Loaded engine"):
+        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine)], capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert expected in proc.stdout and "Inference result correct!" in proc.stdout
+        assert f"trtexec --loadEngine={engine} --shapes=X:128x1024" in proc.stdout
+    record = json.loads((tmp_path / "rms_aot.engine.json").read_text())
+    assert (record["source"], record["plugin"]) == ("aot", aot.OP_NAME)
+
+
 @pytest.mark.skipif(shutil.which("trtexec") is None, reason="trtexec is not on PATH")
 def test_trtexec_loads_the_aot_engine(tmp_path):
     engine = tmp_path / "rms_aot.engine"

@@ -1,0 +1,411 @@
+"""rms_norm_saved_engine.py: a saved engine is reused only with the flags that shaped it (the PATH.json record).
+
+CPU: no TensorRT here, so the engine is stand-in bytes: the record logic reads
+only the file's bytes (for their hash), never deserializes them. Every refusal
+comes in one sentence with exit code 2 before any build, and before the GPU
+check (there is no GPU here, so a refusal that came later would say "no CUDA
+GPU"). The run itself (register, load or build, save) is driven in-process
+with labelled doubles for the steps that need TensorRT or a GPU.
+
+trt (marker): the companion saves an engine, a later process loads it and
+gets the same output, and a wrong engine file is refused in one sentence.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rms_norm_aot_cutedsl as aot
+import rms_norm_plugin_cutedsl as sample
+import rms_norm_saved_engine as saved
+from test_cli import AOT_PATH, EXIT_USAGE, SAVED_PATH, assert_one_sentence, run_script
+
+ENGINE_BYTES = b"stand-in engine bytes"
+PLUGIN = "RmsNormPlugin v1"
+REAL_LOAD_ENGINE = saved.load_engine  # the `steps` fixture replaces the module's
+
+
+def flags(*argv):
+    parser = sample.make_parser("test")
+    return sample.validate_args(parser, parser.parse_args(list(argv)))
+
+
+def record(*argv, source="plugin", plugin=PLUGIN):
+    return saved.engine_record(flags(*argv), source, plugin)
+
+
+@pytest.fixture
+def saved_path(tmp_path):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record())
+    return path
+
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+def test_the_same_flags_reuse_the_engine(saved_path):
+    saved.check_saved_engine(saved_path, record())
+    assert open(saved_path, "rb").read() == ENGINE_BYTES
+
+
+def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
+    saved_record = json.load(open(saved_path + ".json"))
+    assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16",
+                            "weight_dtype": "float32", "hidden": 1024,
+                            "profile": [1, 128, 512], "epsilon": float(np.float32(1e-5)),
+                            "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
+
+
+@pytest.mark.parametrize("argv,source,shown", [
+    (["--epsilon", "1e-3"], "plugin", "epsilon 1e-05, not epsilon 0.001"),
+    (["--dtype", "bfloat16"], "plugin", "dtype float16, not dtype bfloat16"),
+    (["--weight-dtype", "float16"], "plugin", "weight_dtype float32, not weight_dtype float16"),
+    (["--hidden-dim", "4096"], "plugin", "hidden 1024, not hidden 4096"),
+    (["--max-tokens", "1024"], "plugin", "profile [1, 128, 512], not profile [1, 128, 1024]"),
+    (["--opt-tokens", "64"], "plugin", "profile [1, 128, 512], not profile [1, 64, 512]"),
+    ([], "onnx", "source plugin, not source onnx"),
+    ([], "aot", "source plugin, not source aot"),
+])
+def test_a_flag_that_differs_is_refused(saved_path, argv, source, shown):
+    with pytest.raises(sample.UsageError, match="was built for") as info:
+        saved.check_saved_engine(saved_path, record(*argv, source=source))
+    assert shown in str(info.value)
+
+
+def test_flags_that_do_not_shape_the_engine_are_not_recorded(saved_path):
+    """The main run's token count and the seed pick inputs, not an engine: any value reuses it."""
+    saved.check_saved_engine(saved_path, record("--num-tokens", "300", "--seed", "7"))
+
+
+def test_an_epsilon_equal_in_float32_is_the_same_engine(saved_path):
+    saved.check_saved_engine(saved_path, record("--epsilon", "1.0000000001e-5"))
+
+
+def test_a_plugin_version_bump_is_refused(saved_path):
+    wanted = {**record(), "plugin": "RmsNormPlugin v2"}
+    with pytest.raises(sample.UsageError, match="plugin RmsNormPlugin v1, not plugin RmsNormPlugin v2"):
+        saved.check_saved_engine(saved_path, wanted)
+
+
+def test_a_save_that_fails_is_one_sentence(tmp_path):
+    """The directory was checked before the build; it may still be gone by the time the engine is saved."""
+    with pytest.raises(sample.UsageError, match="cannot save the engine to .*No such file or directory"):
+        saved.save_engine(str(tmp_path / "gone" / "rms.engine"), ENGINE_BYTES, record())
+
+
+def test_an_engine_without_a_record_is_refused(tmp_path):
+    path = tmp_path / "old.engine"
+    path.write_bytes(ENGINE_BYTES)
+    with pytest.raises(sample.UsageError, match="has no record"):
+        saved.check_saved_engine(str(path), record())
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"dtype": "float16"}'])
+def test_a_foreign_record_is_refused(saved_path, text):
+    with open(saved_path + ".json", "w") as f:
+        f.write(text)
+    with pytest.raises(sample.UsageError, match="record"):
+        saved.check_saved_engine(saved_path, record())
+
+
+def test_an_engine_replaced_after_its_record_was_written_is_refused(saved_path):
+    with open(saved_path, "wb") as f:
+        f.write(b"another engine")
+    with pytest.raises(sample.UsageError, match="is not the engine its record"):
+        saved.check_saved_engine(saved_path, record())
+
+
+def test_an_empty_engine_file_is_refused_without_asking_tensorrt(tmp_path):
+    """load_engine's own sentence; TensorRT (absent here) is never handed zero bytes."""
+    pytest.importorskip("polygraphy")  # requirements-test.txt installs it; load_engine imports its logger
+    path = tmp_path / "empty.engine"
+    path.write_bytes(b"")
+    with pytest.raises(sample.UsageError, match=r"cannot deserialize engine file '.*empty\.engine'.*delete it"):
+        saved.load_engine(str(path))
+
+
+# -- the scripts, as a user runs them: one sentence and exit 2, before the GPU check -----------------
+
+
+SCRIPTS = [(SAVED_PATH, "plugin", PLUGIN), (AOT_PATH, "aot", aot.OP_NAME)]
+SCRIPT_IDS = ["saved_engine", "aot"]
+
+
+@pytest.mark.parametrize("script,source,plugin", SCRIPTS, ids=SCRIPT_IDS)
+def test_the_scripts_refuse_a_different_epsilon_before_anything_else(tmp_path, script, source, plugin):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, saved.engine_record(flags(), source, plugin))
+    code, out, err = run_script("--engine", path, "--epsilon", "1e-3", script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "was built for epsilon 1e-05, not epsilon 0.001")
+    code, out, err = run_script("--engine", path, script=script)  # matching flags: on to the GPU check
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "no CUDA GPU")
+
+
+@pytest.mark.parametrize("script,source,plugin", SCRIPTS, ids=SCRIPT_IDS)
+@pytest.mark.parametrize("problem", ["no record", "foreign record", "replaced engine"])
+def test_the_scripts_refuse_an_engine_they_cannot_trust_before_anything_else(tmp_path, script, source, plugin,
+                                                                            problem):
+    path = tmp_path / "rms.engine"
+    saved.save_engine(str(path), ENGINE_BYTES, saved.engine_record(flags(), source, plugin))
+    needle = {"no record": "has no record", "foreign record": "is not an engine record written by this sample",
+              "replaced engine": "is not the engine its record"}[problem]
+    if problem == "no record":
+        (tmp_path / "rms.engine.json").unlink()
+    elif problem == "foreign record":
+        (tmp_path / "rms.engine.json").write_text('{"dtype": "float16"}')
+    else:
+        path.write_bytes(b"another engine")
+    code, _, err = run_script("--engine", str(path), script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, needle, f"delete '{path}' and '{path}.json' to rebuild")
+
+
+def test_the_aot_script_refuses_a_python_plugin_engine(tmp_path):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record())
+    code, _, err = run_script("--engine", path, script=AOT_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "built for source plugin, plugin RmsNormPlugin v1, not source aot")
+
+
+def test_the_companion_refuses_an_aot_engine(tmp_path):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record(source="aot", plugin=aot.OP_NAME))
+    code, _, err = run_script("--engine", path, script=SAVED_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, f"built for source aot, plugin {aot.OP_NAME}, not source plugin, plugin {PLUGIN}")
+
+
+@pytest.mark.parametrize("saved_source, argv, shown", [
+    ("plugin", ["--from-onnx"], "built for source plugin, not source onnx"),
+    ("onnx", [], "built for source onnx, not source plugin"),
+])
+def test_the_companion_keeps_the_onnx_parsers_engine_apart(tmp_path, saved_source, argv, shown):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record(source=saved_source))
+    code, _, err = run_script("--engine", path, *argv, script=SAVED_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, shown)
+
+
+ENGINE_FLAG_PROBLEMS = [  # (the --engine path, the sentence), {tmp} the test's directory
+    ("{tmp}/no/such/dir/x.engine",
+     "--engine '{tmp}/no/such/dir/x.engine': directory '{tmp}/no/such/dir' does not exist"),
+    ("{tmp}/a_file/x.engine", "--engine '{tmp}/a_file/x.engine': '{tmp}/a_file' is not a directory"),
+    ("{tmp}", "--engine '{tmp}' exists but is not a file"),
+]
+
+
+@pytest.mark.parametrize("script", [SAVED_PATH, AOT_PATH], ids=SCRIPT_IDS)
+@pytest.mark.parametrize("engine, sentence", ENGINE_FLAG_PROBLEMS)
+def test_an_engine_path_that_cannot_be_saved_to_is_refused_before_the_build(tmp_path, script, engine, sentence):
+    """Found before the build, not after it: the engine is saved only once it is built."""
+    (tmp_path / "a_file").write_text("")
+    code, _, err = run_script("--engine", engine.format(tmp=tmp_path), script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, sentence.format(tmp=tmp_path))
+
+
+def test_an_engine_directory_that_is_not_writable_is_refused_before_the_build(tmp_path, monkeypatch, capsys):
+    """In-process: the tests may run as root, for whom every directory is writable; os.access is the double."""
+    monkeypatch.setattr(saved.os, "access", lambda path, mode: False)  # double: a directory this user cannot write
+    parser = sample.make_parser("test")
+    parser.add_argument("--engine")
+    args = sample.validate_args(parser, parser.parse_args(["--engine", str(tmp_path / "x.engine")]))
+    with pytest.raises(SystemExit) as info:
+        saved.check_engine_flag(parser, args, record())
+    assert info.value.code == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, f"directory '{tmp_path}' is not writable")
+
+
+def test_the_companion_needs_an_engine_path():
+    code, _, err = run_script(script=SAVED_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "the following arguments are required: --engine")
+
+
+def test_the_companion_checks_the_samples_flags_first(tmp_path):
+    code, _, err = run_script("--engine", str(tmp_path / "no" / "x.engine"), "--num-tokens", "600",
+                              script=SAVED_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "--num-tokens 600 is outside the profile [1, 512]")
+
+
+def test_the_companions_plans_is_the_samples_and_touches_no_engine(tmp_path):
+    engine = tmp_path / "rms.engine"
+    code, out, err = run_script("--engine", str(engine), "--plans", "--hidden-dim", "8192", script=SAVED_PATH)
+    assert code == 0, err
+    assert out == run_script("--plans", "--hidden-dim", "8192")[1]
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- main(), in-process: register, load or build, save -------------------------------------------------
+
+
+class FakeEngine:
+    """Double of a TensorRT engine: what load_or_build and the run touch of one."""
+
+    def __init__(self, data=ENGINE_BYTES):
+        self.data = data
+
+    def serialize(self):
+        return self.data
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """Doubles for what needs a GPU or TensorRT (the environment check, the creator registry, the build, the run,
+    the deserialization); the record, the saving and the order of the steps are the companion's own code."""
+    calls = []
+    monkeypatch.setattr(sample, "check_environment", lambda: calls.append("check environment"))
+    monkeypatch.setattr(sample, "register_creator", lambda: calls.append("register creator"))
+
+    def build_engine(args):
+        calls.append("build")
+        return FakeEngine()
+
+    def load_engine(path):
+        calls.append("load")
+        return FakeEngine(open(path, "rb").read())
+
+    def run_and_check(engine, *rest):
+        calls.append(("run", engine.serialize()))
+        return True
+
+    monkeypatch.setattr(sample, "build_engine", build_engine)
+    monkeypatch.setattr(saved, "load_engine", load_engine)
+    monkeypatch.setattr(sample, "run_and_check", run_and_check)
+    return calls
+
+
+def test_the_first_run_builds_and_saves_and_the_next_loads(tmp_path, steps, capsys):
+    path = str(tmp_path / "rms.engine")
+    assert saved.main(["--engine", path, "--hidden-dim", "4096"]) == 0
+    assert steps == ["check environment", "register creator", "build", ("run", ENGINE_BYTES)]
+    assert f"Saved engine to {path} and its record to {path}.json" in capsys.readouterr().out
+    assert open(path, "rb").read() == ENGINE_BYTES
+    saved.check_saved_engine(path, record("--hidden-dim", "4096"))  # this engine's, for RmsNormPlugin v1
+
+    steps.clear()
+    assert saved.main(["--engine", path, "--hidden-dim", "4096"]) == 0
+    # The creator is registered before the engine is deserialized: the engine holds only the plugin's name.
+    assert steps == ["check environment", "register creator", "load", ("run", ENGINE_BYTES)]
+    assert f"Loaded engine from {path}" in capsys.readouterr().out
+
+
+def test_other_flags_are_refused_before_the_environment_check_or_a_build(tmp_path, steps, capsys):
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record())
+    with pytest.raises(SystemExit) as info:
+        saved.main(["--engine", path, "--dtype", "bfloat16"])
+    assert info.value.code == EXIT_USAGE
+    assert steps == []
+    assert_one_sentence(capsys.readouterr().err, "was built for dtype float16, not dtype bfloat16")
+
+
+def test_a_failed_build_saves_nothing(tmp_path, steps, monkeypatch, capsys):
+    """So the next run builds again instead of refusing a half-written engine."""
+    def failing_build(args):  # double: TensorRT refuses the build, as Polygraphy reports it
+        with sample.tensorrt_stage("engine build"):
+            raise RuntimeError("Invalid Engine")
+
+    monkeypatch.setattr(sample, "build_engine", failing_build)
+    assert saved.main(["--engine", str(tmp_path / "rms.engine")]) == EXIT_USAGE
+    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.startswith("error: TensorRT failed at the engine build stage")
+
+
+def test_an_engine_tensorrt_cannot_load_is_load_engines_sentence_and_exit_2(tmp_path, steps, monkeypatch, capsys):
+    """The real load_engine inside run's 'engine load' stage: its UsageError reaches the user as it is."""
+    pytest.importorskip("polygraphy")  # requirements-test.txt installs it; load_engine imports its logger
+    monkeypatch.setattr(saved, "load_engine", REAL_LOAD_ENGINE)
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, b"", record())  # recorded, so it passes the record check; empty, so TensorRT is not asked
+    assert saved.main(["--engine", path]) == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, f"cannot deserialize engine file '{path}'")
+    assert "build" not in steps
+
+
+# -- real TensorRT: save, then load in another process ---------------------------------------------------
+
+
+def run_companion(*args, script=SAVED_PATH):
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=900)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("source", [[], ["--from-onnx"]], ids=["plugin", "onnx"])
+def test_the_companion_saves_an_engine_and_a_later_run_loads_it(tmp_path, source):
+    engine = str(tmp_path / "rms.engine")
+    code, out, err = run_companion("--engine", engine, *source)
+    assert code == 0 and "Saved engine" in out and "Inference result correct!" in out, out + err
+    code, out, err = run_companion("--engine", engine, *source)
+    assert code == 0 and "Loaded engine" in out and "Inference result correct!" in out, out + err
+    code, _, err = run_companion("--engine", engine, *source, "--hidden-dim", "4096")
+    assert code == 2 and "was built for" in err
+
+
+@pytest.mark.trt
+def test_a_saved_engine_loads_in_a_fresh_process_and_matches_bit_for_bit(tmp_path):
+    engine = tmp_path / "rms.engine"
+    out_built, out_loaded = tmp_path / "built.npy", tmp_path / "loaded.npy"
+    worker = f"""
+import os, sys, numpy as np, torch
+sys.path.insert(0, {str(SAVED_PATH.parent)!r})
+import rms_norm_saved_engine as saved
+s = saved.sample
+path, out = sys.argv[1], sys.argv[2]
+parser = s.make_parser("worker")
+args = s.validate_args(parser, parser.parse_args([]))
+record = saved.engine_record(args, "plugin", f"{{s.PLUGIN_NAME}} v{{s.PLUGIN_VERSION}}")
+s.register_creator()
+if os.path.exists(path):
+    saved.check_saved_engine(path, record)
+    engine = saved.load_engine(path)
+else:
+    engine = s.build_engine(args)
+    saved.save_engine(path, engine.serialize(), record)
+x, w = s.make_inputs(128, 1024, "float16", seed=5)
+x, w = x.cuda(), w.cuda()
+y = torch.full_like(x, float("nan"))
+context = engine.create_execution_context()
+context.set_input_shape("X", tuple(x.shape))
+for name, tensor in (("X", x), ("W", w), ("Y", y)):
+    context.set_tensor_address(name, tensor.data_ptr())
+torch.cuda.synchronize()
+assert context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+torch.cuda.synchronize()
+np.save(out, y.cpu().numpy().view(np.uint16))
+"""
+    for out in (out_built, out_loaded):  # the first process builds and saves, the second only loads
+        proc = subprocess.run([sys.executable, "-c", worker, str(engine), str(out)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.load(out_built), np.load(out_loaded))
+
+
+@pytest.mark.trt
+def test_a_file_that_is_not_an_engine_gives_one_sentence(tmp_path):
+    bad = tmp_path / "bad.engine"  # saved with the default flags' record, so TensorRT gets to read it
+    saved.save_engine(str(bad), b"not an engine" * 100, record())
+    code, out, err = run_companion("--engine", str(bad))
+    assert code == 2
+    assert "cannot deserialize engine file" in err and "Traceback" not in err
+
+
+@pytest.mark.trt
+def test_loading_without_the_creator_registered_fails(tmp_path):
+    """What the engine keeps of a Python plugin is its name and fields: without the creator nothing loads it."""
+    engine = tmp_path / "rms.engine"
+    assert run_companion("--engine", str(engine))[0] == 0
+    code = "import tensorrt as trt, sys\n" \
+           "rt = trt.Runtime(trt.Logger(trt.Logger.ERROR))\n" \
+           f"sys.exit(0 if rt.deserialize_cuda_engine(open({str(engine)!r}, 'rb').read()) is None else 1)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
