@@ -565,7 +565,7 @@ def validate_epsilon(value) -> float:
     except (TypeError, ValueError):
         raise ValueError(f"field 'epsilon' must be a number, got {value!r}") from None
     if not (math.isfinite(epsilon) and epsilon > 0.0):
-        raise ValueError(f"field 'epsilon' must be finite and > 0 in float32, got {value!r}")
+        raise ValueError(f"field 'epsilon' must be finite and > 0 in float32, got {value}")
     return epsilon
 
 
@@ -772,11 +772,15 @@ class RmsNormPluginCreator(*_CREATOR_BASES):
         """Build time (network definition, ONNX import) and engine load: the plugin from its one field, 'epsilon'."""
         fields = {f.name: f for f in field_collection}
         field = fields.get("epsilon")
-        if field is None or field.type != trt.PluginFieldType.FLOAT32 or np.asarray(field.data).size != 1:
-            got = (f"a {field.type} field of {np.asarray(field.data).size} values" if field else
-                   f"fields {sorted(fields)}")
-            raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' holding one value, got {got}")
-        return RmsNormPlugin(np.asarray(field.data).reshape(-1)[0])
+        if field is None:
+            got = f"fields {sorted(fields)}"
+        elif field.type != trt.PluginFieldType.FLOAT32:  # the bindings cannot return .data of FLOAT16/BF16 fields
+            got = f"a {field.type} field"
+        elif len(field.data) != 1:
+            got = f"a {field.type} field of {len(field.data)} values"
+        else:
+            return RmsNormPlugin(field.data[0])
+        raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' holding one value, got {got}")
 
 
 _CREATOR = None
