@@ -439,8 +439,8 @@ class RowPlan:
 ROW_PLANS = (
     RowPlan(256, "registers", 2, False, 256),                            # short rows share warps
     RowPlan(2048, "registers", 2, True, 128, min_ctas_per_sm=8),
-    RowPlan(3071, "registers", 2, True, 128, few_vecs=1),
-    RowPlan(3072, "registers", 2, True, 128, min_ctas_per_sm=8, few_vecs=1),  # exactly 3 KB: hidden 1536
+    RowPlan(3071, "registers", 2, True, 128),
+    RowPlan(3072, "registers", 2, True, 128, min_ctas_per_sm=8),  # exactly 3 KB: hidden 1536
     RowPlan(4096, "registers", 2, True, 128),
     RowPlan(8192, "cp.async", 2, True, 128, few_vecs=2, mid=(1024, 2)),  # bandwidth-bound from here on
     RowPlan(15360, "cp.async", 4, True, 128, few_vecs=4, mid=(1024, 4)),

@@ -274,7 +274,7 @@ def sum_of_squares_depth(ptx):
 FEW_TOKEN_PLANS = [
     (100, 2, None),          # <= 256 B: W late, several rows per warp
     (1024, 2, None),         # <= 2 KB: already registers, W first
-    (1536, 2, (192, 1)),     # 2-3 KB: one vector per thread instead of two
+    (1536, 2, None),         # 2-3 KB: already registers, W first (a 1-vector plan gained nothing)
     (2048, 2, None),         # <= 4 KB: already registers, W first
     (4096, 2, (256, 2)),     # many tokens: staged
     (5120, 2, (160, 4)),     # many tokens: staged
@@ -346,8 +346,8 @@ LAUNCH_BOUNDS = [
     (1536, 2, None, 8),      # 3 KB: 192 vectors fill 96 threads x 2 exactly
     (1536, 2, 4096, 8),
     (1536, 2, 512, 8),       # registers lines have no mid plan: the own plan
-    (1536, 2, 1, 0),         # the few-token plan (192 threads x 1) has none
-    (1536, 2, 128, 0),
+    (1536, 2, 1, 8),         # no few-token plan: the own plan at every count
+    (1536, 2, 128, 8),
     (768, 4, None, 8),       # fp32 rows of 3 KB
     (1472, 2, None, 0),      # 2944 B: 184 vectors over 96 x 2
     (1280, 2, None, 0),
@@ -444,7 +444,7 @@ def test_w_first_means_every_load_issues_before_x_is_read(dtype, hidden):
     assert late == 0
 
 
-@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 2), (4096, 3), (8192, 4), (12288, 4), (16384, 3),
+@pytest.mark.parametrize("hidden, kernels", [(1024, 1), (1536, 1), (4096, 3), (8192, 4), (12288, 4), (16384, 3),
                                              (sample.MAX_HIDDEN, 2)])
 def test_launcher_holds_one_kernel_per_distinct_plan(hidden, kernels):
     """Every plan's kernel is in the launcher's module once, named by its plan (a plan may serve two ranges of
