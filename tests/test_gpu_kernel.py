@@ -58,7 +58,7 @@ def test_largest_supported_hidden(tokens, dtype, w_dtype):
     _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens)
 
 
-@pytest.mark.parametrize("hidden", [1536, 4096, 8192, 12288, 16384])
+@pytest.mark.parametrize("hidden", [2560, 4096, 8192, 12288, 16384])
 def test_launcher_runs_the_plan_for_the_token_count(hidden):
     """The kernel that runs, by its name (which carries its plan), on both sides of every boundary: the cluster
     plan up to the line's count (32, or 128 for 32 KB rows), the few-token plan up to FEW_TOKENS rows, the mid
@@ -79,7 +79,7 @@ def test_launcher_runs_the_plan_for_the_token_count(hidden):
             pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
         return names
 
-    lo, hi = sample.MID_TOKENS, sample.row_plan(hidden, 2).mid[0] or 1024  # 1536: no mid plan; 1024 still a count
+    lo, hi = sample.MID_TOKENS, sample.row_plan(hidden, 2).mid[0]
     counts = [1, 32, 33, sample.FEW_TOKENS, sample.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
     expected = {n: sample.plan_kernel(hidden, 2, n, sm90=sample.is_sm90(sample.gpu_arch())) for n in counts}
     assert len(set(expected.values())) >= 2
