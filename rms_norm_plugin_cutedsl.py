@@ -19,9 +19,8 @@ It runs on an NVIDIA GPU of compute capability 8.0 or newer, TensorRT 10 or 11, 
     python3 rms_norm_plugin_cutedsl.py --from-onnx   # the same, through TensorRT's ONNX parser
     python3 rms_norm_plugin_cutedsl.py --plans --hidden-dim 8192   # which kernel runs which token counts
 
-Exit codes: 0 every run matched NumPy, 1 one did not, 2 a usage or environment error. Companions, each importing
-this file: rms_norm_onnx_model.py (the plugin in your own ONNX model), rms_norm_saved_engine.py (save an engine,
-refuse the wrong one), rms_norm_aot_cutedsl.py (the kernel inside the engine, no Python at run time).
+Exit codes: 0 every run matched NumPy, 1 one did not, 2 a usage or environment error. Companions importing this
+file: rms_norm_onnx_model.py (your ONNX model), rms_norm_saved_engine.py (saved engines), rms_norm_aot_cutedsl.py.
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ MAX_HIDDEN = 32768  # the longest row the last line of ROW_PLANS ([3]) holds
 
 
 def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarray:
-    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis, in float64 from the inputs the kernel reads: what
-    differs from the kernel is its FP32 arithmetic and its one rounding to Y's dtype."""
+    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis in float64 (the kernel: FP32 math, one rounding)."""
     x64 = np.asarray(x, dtype=np.float64)
     return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + epsilon) * np.asarray(w, dtype=np.float64)
 
@@ -183,8 +181,9 @@ class KernelPlan:
                 f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA")
         where = {"registers": "X in registers", "cp.async": "X staged by cp.async", "bulk": "X staged by bulk copy"}
         bound = f", launch bound {self.min_ctas_per_sm} CTAs/SM" if self.min_ctas_per_sm else ""
-        return (f"{self.threads_per_row} threads/row x {self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}"
-                f"-bit, {rows}, {where[self.arrival]}, W {'first' if self.early_weight else 'late'}{bound}")
+        vectors = f"{self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}-bit"
+        return (f"{self.threads_per_row} threads/row x {vectors}, {rows}, {where[self.arrival]}, "
+                f"W {'first' if self.early_weight else 'late'}{bound}")
 
 
 def whole_row(tensor, r):
@@ -335,11 +334,7 @@ def inverse_rms(plan: cutlass.Constexpr, total, epsilon: cutlass.Constexpr):
     """Step 4: 1 / sqrt(total / hidden + epsilon). With a normal epsilon the argument is never subnormal, so the
     flush-to-zero rsqrt gives the same value without the guard ptxas puts around the plain one."""
     mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1 / hidden folds to a constant
-    if cutlass.const_expr(epsilon >= FLT_MIN):
-        rstd = cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
-    else:
-        rstd = cute.math.rsqrt(mean_sq_eps)
-    return rstd
+    return cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True) if epsilon >= FLT_MIN else cute.math.rsqrt(mean_sq_eps)
 
 
 @cute.jit
@@ -415,9 +410,8 @@ def rms_norm_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32,
 #                                        over BULK_ROW_BYTES (sm_90+)  stored while the second arrives
 #   many     every other n               the line's own plan           (16 KB rows over 2 CTAs above mid rows)
 #
-# For an adapter: R marks numbers that depend on RMSNorm's registers (X and W held through one reduction), T on
-# its traffic (X read once, Y written once); re-tune them for a kernel that holds or moves more. `python3
-# support/check_kernel.py COPY.py` reports spills and CTAs per SM for every plan of a copy of this file.
+# For an adapter: R marks numbers set by RMSNorm's registers (X and W held through one reduction), T by its traffic
+# (X read once, Y written once). `python3 support/check_kernel.py COPY.py` reports each plan's spills and CTAs/SM.
 
 
 @dataclass(frozen=True)
@@ -521,10 +515,9 @@ def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> list:
 
 
 # %% [4] The @cute.jit launcher ---------------------------------------------------
-# Compiled in: the dtypes, epsilon, the 16-byte alignment of the pointers and the schedule (each plan with the
-# token counts it serves). At run time: the addresses, num_tokens and the stream; the launcher picks the plan from
-# num_tokens on the host, so one launcher serves the whole profile. A plan has one launch site, as CuteDSL compiles
-# a kernel once per launch site.
+# Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment and the schedule (each plan, its token counts).
+# At run time: the addresses, num_tokens and the stream; the host picks the plan from num_tokens, so one launcher
+# serves the whole profile. Each plan has one launch site: CuteDSL compiles a kernel once per launch site.
 
 
 def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
@@ -586,9 +579,8 @@ _COMPILE_LOCK = threading.Lock()
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
                      w_dtype: str = "float32", keep_ptx: bool = False, plans_by_tokens: bool = True):
-    """The launcher for one X/Y dtype, W dtype, hidden size and epsilon, compiled once per process, for the GPU or
-    `arch` (e.g. "sm_90a", no GPU needed). keep_ptx: a fresh compilation whose __ptx__ holds the PTX.
-    plans_by_tokens=False: the many-row plan alone, without a cluster, for every count (the AOT flavor's kernel)."""
+    """The launcher for one X/Y dtype, W dtype, hidden and epsilon, compiled once per process for the GPU or `arch`
+    ("sm_90a": no GPU needed). keep_ptx: fresh, with __ptx__. plans_by_tokens=False: the AOT flavor's one plan."""
     for name, value, allowed in (("dtype", dtype, ACTIVATION_DTYPES), ("w_dtype", w_dtype, WEIGHT_DTYPES)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
@@ -613,11 +605,10 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
 
 
 # %% [5] Zero-copy handoff: TensorRT's raw pointers -> CuTe tensors -----------------
-# TensorRT gives enqueue() device addresses as plain integers. Three hops make one a CuTe tensor without copying a
-# byte: (1) cupy.cuda.UnownedMemory wraps it as memory cupy must not free, a cupy ndarray gives it shape and dtype;
-# (2) torch.as_tensor reads cupy's __cuda_array_interface__ as a torch view; (3) cute.runtime.from_dlpack takes
-# torch's DLPack capsule, assumed_align=16 promising the alignment the kernel was compiled for (TensorRT aligns to
-# 256 bytes; checked anyway). cupy has no bfloat16: bf16 travels as int16, and torch's .view() relabels it.
+# enqueue() gets device addresses as plain integers; three hops make one a CuTe tensor without copying a byte:
+# (1) cupy.cuda.UnownedMemory wraps it as memory cupy must not free, a cupy ndarray gives it shape and dtype (bf16
+# as int16: cupy has no bfloat16); (2) torch.as_tensor reads cupy's __cuda_array_interface__ (.view() relabels
+# bf16); (3) cute.runtime.from_dlpack takes torch's DLPack capsule, assumed_align=16 as compiled (checked first).
 
 
 def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: int):
@@ -640,11 +631,9 @@ def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: 
 
 PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE = "RmsNormPlugin", "1", ""  # bump the version when the fields change
 
-if trt is not None:
-    _PLUGIN_BASES = (trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime)
-    _CREATOR_BASES = (trt.IPluginCreatorV3One,)
-else:  # without TensorRT the classes exist, and main() says what to install before it reaches them
-    _PLUGIN_BASES = _CREATOR_BASES = (object,)
+# Without TensorRT the classes exist (the kernel half works), and main() says what to install before it reaches them.
+_PLUGIN_BASES = (trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime) if trt else ()
+_CREATOR_BASES = (trt.IPluginCreatorV3One,) if trt else ()
 
 
 def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
@@ -711,8 +700,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         return desc.type in [getattr(trt.DataType, DTYPES[d].trt) for d in (ACTIVATION_DTYPES, WEIGHT_DTYPES)[pos]]
 
     def configure_plugin(self, inp, out):
-        """Build time, once formats and the profile are chosen: nothing to set up (no workspace, no tactics: the
-        plugin leaves out get_workspace_size and get_valid_tactics, whose defaults say so)."""
+        """Build time, once formats and the profile are chosen: nothing to set up (no workspace, no tactics)."""
 
     def set_tactic(self, tactic):
         """Build and run time: nothing to select."""
@@ -747,8 +735,7 @@ class RmsNormPlugin(*_PLUGIN_BASES):
         self._kernel(*tensors, num_tokens, cu_stream)
 
     def _wrap_buffers(self, x_ptr, w_ptr, y_ptr, num_tokens):
-        """The handoff for one set of addresses; the launcher takes the row count as an argument, so tensors wrapped
-        at one count serve every count on those buffers."""
+        """The handoff for one set of addresses; the launcher takes the row count, so they serve every count."""
         dtype, hidden, w_dtype = self._io
         if len(self._wrapped) >= 256:  # addresses that change every call must not grow the cache
             self._wrapped.clear()
@@ -797,9 +784,8 @@ def register_creator():
 
 
 # %% [7] The engine, built with Polygraphy -----------------------------------------------
-# X [num_tokens, hidden] and W [hidden] are network inputs, so one engine normalizes any activations with any
-# weight; num_tokens is dynamic over the profile, hidden static; the network is strongly typed (TensorRT 11 has no
-# other kind). A user's error ends as one sentence: UsageError for what they can fix, TensorRTError for TensorRT's.
+# X [num_tokens, hidden] and W [hidden] are network inputs: num_tokens dynamic over the profile, hidden static, the
+# network strongly typed (TensorRT 11 has no other kind). Errors: UsageError the user's, TensorRTError TensorRT's.
 
 
 class UsageError(Exception):
@@ -818,14 +804,13 @@ def tensorrt_stage(stage: str):
     except (UsageError, TensorRTError):
         raise
     except Exception as exc:
-        raise TensorRTError(f"TensorRT failed at the {stage} stage ({type(exc).__name__}: "
-                            f"{' '.join(str(exc).split())[:200]}); TensorRT's own message is the '[E]' line in the "
-                            "log above") from exc
+        detail = " ".join(str(exc).split())[:200]
+        raise TensorRTError(f"TensorRT failed at the {stage} stage ({type(exc).__name__}: {detail}); TensorRT's own "
+                            "message is the '[E]' line in the log above") from exc
 
 
 def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """((builder, network), plugin): one plugin layer made through the registry, as the ONNX parser makes it; the
-    caller holds the plugin until the build is done, so nothing depends on whether TensorRT clones it."""
+    """((builder, network), plugin): one plugin layer made through the registry, as the ONNX parser makes it."""
     from polygraphy.backend.trt import create_network
 
     with tensorrt_stage("network definition"):
@@ -841,9 +826,8 @@ def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
 
 
 def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """The same network from a one-node ONNX model whose op type is the plugin's name: for an op it does not know,
-    TensorRT's parser asks the registry for the creator of that name (version and namespace from the
-    plugin_version and plugin_namespace attributes) and hands it every other attribute as a PluginField."""
+    """The same network from a one-node ONNX model of op type PLUGIN_NAME: TensorRT's parser asks the registry for
+    that creator (plugin_version and plugin_namespace attributes) and passes every other attribute as a field."""
     try:
         from onnx import TensorProto, helper
     except ImportError:
@@ -893,8 +877,7 @@ def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dt
 
 
 def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, w_dtype="float32") -> bool:
-    """Run each token count through one context, on torch buffers and a torch stream (no CUDA runtime library to
-    find), and compare with NumPy."""
+    """Run each token count through one context, on torch's buffers and stream, and compare with NumPy."""
     context, stream, all_ok = engine.create_execution_context(), torch.cuda.Stream(), True
     for n in token_counts:
         x, w = make_inputs(n, hidden, dtype, seed, w_dtype)  # one seed: the flag's whole range is torch's
@@ -933,10 +916,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="X/Y dtype (default float16)")
     parser.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="float32", help="W dtype (default float32)")
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
-    parser.add_argument("--from-onnx", action="store_true", help="build through TensorRT's ONNX parser from a "
-                        "one-node model (needs onnx); your own model: rms_norm_onnx_model.py MODEL.onnx")
-    parser.add_argument("--plans", action="store_true", help="print which kernel runs which token counts for "
-                        "--hidden-dim and --dtype, and exit (no GPU or TensorRT needed)")
+    parser.add_argument("--from-onnx", action="store_true", help="build through TensorRT's ONNX parser (needs onnx)")
+    parser.add_argument("--plans", action="store_true", help="print which kernel runs which token counts, and exit")
     return parser
 
 
