@@ -109,7 +109,7 @@ def schedule_of(sample, arch, dtype, hidden, plans_by_tokens):
 
 
 def spans(counts) -> str:
-    return ", ".join(f"{(fewer or 0) + 1}-{most or ''}" for fewer, most in counts)
+    return ", ".join(f"{(fewer or 0) + 1}-{most}" if most else f"{(fewer or 0) + 1}+" for fewer, most in counts)
 
 
 def compare_case(case, sass: bool):
