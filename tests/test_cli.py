@@ -120,6 +120,7 @@ BAD_FLAGS = [
     (["--engine", "rms.engine"], "unrecognized arguments: --engine"),
     (["--compare-builtin"], "unrecognized arguments: --compare-builtin"),
     (["--from-onnx", "model.onnx"], "unrecognized arguments: model.onnx"),  # a plain switch: no model path
+    (["--from-onnx", ""], "unrecognized arguments: "),                 # an unset shell variable: refused, not ignored
 ]
 
 
@@ -282,3 +283,54 @@ def test_every_seed_a_run_uses_is_one_torch_takes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", lambda: argparse.Namespace(cuda_stream=0, synchronize=lambda: None))
     engine = argparse.Namespace(create_execution_context=ContextDouble)
     assert sample.run_and_check(engine, [128, 1, 512, 37], 8, "float16", 1e-5, args.seed) is False
+
+
+# Each integer flag's limits, written from what bounds them (not read from the sample's INT_FLAGS): the kernel's
+# widest row, the Int32 the kernel counts rows in, torch's 64-bit generator seed. (flag, lowest, highest, others)
+# where `others` keeps the rest of the flags consistent with the value tried.
+LIMITS = [
+    ("--hidden-dim", 1, 32768, []),
+    ("--num-tokens", 1, INT32_MAX, ["--max-tokens", str(INT32_MAX)]),
+    ("--min-tokens", 1, INT32_MAX, ["--opt-tokens", str(INT32_MAX), "--max-tokens", str(INT32_MAX),
+                                    "--num-tokens", str(INT32_MAX)]),
+    ("--opt-tokens", 1, INT32_MAX, ["--max-tokens", str(INT32_MAX)]),
+    ("--max-tokens", 1, INT32_MAX, ["--opt-tokens", "1", "--num-tokens", "1"]),
+    ("--seed", 0, 2**64 - 1, []),
+]
+
+
+@pytest.mark.parametrize("flag, lowest, highest, others", LIMITS, ids=[limit[0] for limit in LIMITS])
+def test_every_integer_flag_takes_its_limits_and_refuses_one_past_each(flag, lowest, highest, others):
+    import rms_norm_plugin_cutedsl as sample
+
+    def outcome(value):
+        parser = sample.make_parser("test")
+        args = parser.parse_args([*others, flag, str(value)])
+        try:
+            sample.validate_args(parser, args)
+        except SystemExit as exc:
+            return exc.code
+        return "accepted"
+
+    assert outcome(lowest) == "accepted" and outcome(highest) == "accepted"
+    assert outcome(lowest - 1) == EXIT_USAGE and outcome(highest + 1) == EXIT_USAGE
+
+
+@pytest.mark.parametrize("epsilon, accepted", [
+    ("1.4e-45", True),    # float32's smallest subnormal, 2**-149: positive in float32
+    ("7e-46", False),     # rounds to 0 in float32
+    ("3.4e38", True),     # under float32's largest, 3.4028235e38
+    ("3.5e38", False),    # overflows float32 to inf
+    ("0", False), ("-1e-5", False), ("nan", False), ("inf", False),
+])
+def test_epsilon_limits_are_float32s(epsilon, accepted):
+    import rms_norm_plugin_cutedsl as sample
+
+    parser = sample.make_parser("test")
+    args = parser.parse_args([f"--epsilon={epsilon}"])  # "-1e-5" after a space would read as a flag
+    if accepted:
+        assert sample.validate_args(parser, args) is args
+    else:
+        with pytest.raises(SystemExit) as info:
+            sample.validate_args(parser, args)
+        assert info.value.code == EXIT_USAGE
