@@ -4,13 +4,12 @@
 
 What you will learn
 -------------------
-* A memory-bound CuteDSL kernel that reads every byte once in 128-bit vectors, reduces in FP32 and casts on
-  store, in five steps of one ``@cute.jit`` helper each ([2]); one table picks its shape per row and token count ([3]).
-* A ``@cute.jit`` launcher compiled before the first inference, with the token count and TensorRT's stream passed
-  at run time ([4]); TensorRT's pointers as CuTe tensors without a copy: cupy ``UnownedMemory`` ->
-  ``torch.as_tensor`` -> ``cute.runtime.from_dlpack`` ([5]).
-* An ``IPluginV3`` and its ``IPluginCreatorV3One`` ([6]), an engine built by Polygraphy with a dynamic token count
-  ([7]) and checked against NumPy ([8]), and every error a user can cause as one sentence ([9]).
+* A memory-bound CuteDSL kernel that reads every byte once in 128-bit vectors, reduces in FP32 and casts on store,
+  in five steps of one ``@cute.jit`` helper each ([2]); one table picks its shape per row and token count ([3]).
+* A ``@cute.jit`` launcher compiled before the first inference, the token count and TensorRT's stream passed at run
+  time ([4]); TensorRT's pointers as CuTe tensors without a copy, through cupy ``UnownedMemory``, ``torch.as_tensor``
+  and ``cute.runtime.from_dlpack`` ([5]); an ``IPluginV3`` and its ``IPluginCreatorV3One`` ([6]), an engine built by
+  Polygraphy with a dynamic token count ([7]), checked against NumPy ([8]); every user error as one sentence ([9]).
 
 It runs on an NVIDIA GPU of compute capability 8.0 or newer, TensorRT 10 or 11, CUDA 12 or 13, Python 3.11+:
 
@@ -73,8 +72,7 @@ try:
 except ImportError:
     trt = None  # the kernel half works without TensorRT; main() says what to install
 
-# A dtype as TensorRT, torch, cutlass, cupy (the carrier of its bytes: cupy has no bfloat16) and ONNX name it, its
-# size, and the check's tolerances for a Y of this dtype ([8]).
+# A dtype as TensorRT, torch, cutlass, cupy (int16 carries bf16) and ONNX name it, its size, Y's tolerances ([8]).
 DTypeNames = collections.namedtuple("DTypeNames", "trt torch cute cupy onnx bytes rtol atol")
 DTYPES = {  # X and Y share a dtype; W may have any of the three (nine pairs): the kernel computes in FP32
     "float16": DTypeNames("HALF", "float16", "Float16", "float16", "FLOAT16", 2, rtol=2.0 ** -10, atol=1e-6),
@@ -101,10 +99,9 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # bytes of X and H*w of W and write N*H*x of Y (x, w: bytes per element). The floor is a copy of X into Y, so each
 # element of X is read from DRAM once: a row stays on chip, in registers or shared memory, until it is stored.
 #
-# Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32 values; fewer where H is not a multiple of
-# that), W into vectors of as many elements. The T threads of a row own vectors t, t+T, t+2T, ..., so neighbouring
-# threads touch neighbouring bytes. A KernelPlan says how many threads share a row, how many rows a CTA and how a
-# row arrives; [3] picks one per hidden size and token count.
+# Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32 values; fewer where H is not a multiple),
+# W alike. The T threads of a row own vectors t, t+T, t+2T, ..., so neighbouring threads touch neighbouring bytes. A
+# KernelPlan says how many threads share a row, how many rows a CTA, how a row arrives; [3] picks one per shape.
 #
 #      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
 #      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   Step 1  row_to_registers: X (and W) in registers,
@@ -448,8 +445,7 @@ MID_TOKENS = 384          # T: calls of more rows than this, up to the line's mi
 CLUSTER_CTAS = 4          # T: CTAs, on as many SMs, that share each row in the cluster plan
 ROWS_IN_SEQUENCE = 2      # T: rows each CTA of the mid plan normalizes in turn
 BULK_ROW_BYTES = 8192     # T: on sm_90+ the mid plan's rows longer than this arrive by bulk copy
-MID_BOUND = (480, 2)      # R: mid plans of 480+ threads ask for 2 CTAs per SM: ptxas took a few registers
-                          # more than two such CTAs leave, and fit one
+MID_BOUND = (480, 2)      # R: mid plans of 480+ threads ask for 2 CTAs/SM, which ptxas misses by a few registers
 
 
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
@@ -463,8 +459,10 @@ def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
 
 def row_plan(hidden: int, elem_bytes: int) -> RowPlan:
     """The line of ROW_PLANS that serves a row of `hidden` elements of `elem_bytes` bytes."""
-    if not 1 <= hidden <= MAX_HIDDEN:
-        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
+    if isinstance(hidden, bool) or not isinstance(hidden, (int, np.integer)):
+        raise TypeError(f"hidden must be an integer, got {hidden!r}")
+    if not 1 <= hidden <= MAX_HIDDEN or type(elem_bytes) is not int or elem_bytes not in (2, 4):
+        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}] and elem_bytes 2 or 4, got {hidden} and {elem_bytes!r}")
     return next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
 
 
@@ -564,7 +562,9 @@ def validate_epsilon(value) -> float:
 
 def is_sm90(arch: str) -> bool:
     """Whether a compile target such as "sm_90a" is sm_90 or newer: it has thread-block clusters and bulk copies."""
-    return int(arch.removeprefix("sm_").rstrip("af")) >= 90
+    if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
+        raise ValueError(f"arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', got {arch!r}")
+    return cutlass.base_dsl.Arch[arch].major >= 9
 
 
 def gpu_arch() -> str:
@@ -573,8 +573,7 @@ def gpu_arch() -> str:
     return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
-_COMPILED: dict = {}
-_COMPILE_LOCK = threading.Lock()
+_COMPILED, _COMPILE_LOCK = {}, threading.Lock()  # the launchers compiled in this process
 
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
@@ -584,10 +583,9 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
     for name, value, allowed in (("dtype", dtype, ACTIVATION_DTYPES), ("w_dtype", w_dtype, WEIGHT_DTYPES)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-    elem_bytes = DTYPES[dtype].bytes
-    plan_kernel(hidden, elem_bytes)  # a clear ValueError before any tracing
-    epsilon, arch = validate_epsilon(epsilon), arch or gpu_arch()
-    schedule = (token_schedule(hidden, elem_bytes, sm90=is_sm90(arch)) if plans_by_tokens
+    elem_bytes, epsilon, arch = DTYPES[dtype].bytes, validate_epsilon(epsilon), gpu_arch() if arch is None else arch
+    sm90 = is_sm90(arch)  # each argument is checked, with a clear error, before any tracing
+    schedule = (token_schedule(hidden, elem_bytes, sm90=sm90) if plans_by_tokens
                 else ((plan_kernel(hidden, elem_bytes, sm90=False), ((None, None),)),))
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
@@ -644,8 +642,15 @@ def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
     raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {trt_type}")
 
 
+def require_tensorrt():
+    """ModuleNotFoundError naming TensorRT's pip package, where it is missing: only the plugin half needs it."""
+    if trt is None:
+        raise ModuleNotFoundError(import_error_message(ModuleNotFoundError(name="tensorrt")), name="tensorrt")
+
+
 def epsilon_fields(epsilon: float):
     """(fields, their array): a trt.PluginField does not own its buffer, so the caller keeps the array alive."""
+    require_tensorrt()  # the plugin, its creator and plugin_network all start here
     buffer = np.array([epsilon], dtype=np.float32)
     return trt.PluginFieldCollection([trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)]), buffer
 
@@ -776,6 +781,7 @@ _CREATOR = None
 def register_creator():
     """Put the creator in TensorRT's registry (idempotent): needed before a network is built or an engine loaded."""
     global _CREATOR
+    require_tensorrt()
     registry = trt.get_plugin_registry()
     if registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
         _CREATOR = RmsNormPluginCreator()  # the registry does not keep the Python object alive
@@ -857,8 +863,7 @@ def build_from_network(network, shapes: dict):
 
 
 # %% [8] Run and check against NumPy ------------------------------------------------------
-# The kernel computes in FP32 (within 43 FP32 ulps of the float64 reference, as tests/test_tolerance.py derives)
-# and rounds once: fp16 and bf16 within one ulp of |ref|, fp32 within 2^-18, an absolute term near zero.
+# FP32 math, one rounding: Y within one ulp of |ref| (fp16, bf16), 2^-18 (fp32); tests/test_tolerance.py derives it.
 
 
 def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int, w_dtype: str = "float32"):
@@ -897,8 +902,6 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, w_dtype="f
 
 
 # %% [9] Command line: each user error one sentence and exit code 2, before any GPU work --
-
-
 # The integer flags both flavors share: (flag, default, lowest, highest, meaning). The kernel counts rows in an Int32.
 INT_FLAGS = (("--hidden-dim", 1024, 1, MAX_HIDDEN, "hidden size H, static in the engine"),
              ("--num-tokens", 128, 1, 2**31 - 1, "tokens in the main run, within the profile"),
@@ -945,9 +948,8 @@ def check_environment():
     if (capability := torch.cuda.get_device_capability())[0] < 8:
         raise UsageError(f"{torch.cuda.get_device_name()} has compute capability {capability[0]}.{capability[1]}; "
                          "the kernel needs 8.0 or newer")
-    if trt is None:
-        raise UsageError(import_error_message(ModuleNotFoundError(name="tensorrt")))
     try:
+        require_tensorrt()
         import polygraphy.backend.trt  # noqa: F401
     except ImportError as exc:
         raise UsageError(import_error_message(exc)) from None
