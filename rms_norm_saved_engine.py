@@ -50,6 +50,13 @@ def save_engine(path: str, data: bytes, record: dict):
         raise sample.UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
 
 
+def same_types(saved, value) -> bool:
+    """Whether a value read from a record has the type of the one this sample writes (a list: of each item)."""
+    if type(value) is list:
+        return type(saved) is list and len(saved) == len(value) and all(map(same_types, saved, value))
+    return type(saved) is type(value)  # type, not isinstance: a bool is an int
+
+
 def check_saved_engine(path: str, record: dict):
     """UsageError unless `path`.json is this engine's record and matches `record` (the current flags)."""
     record_path = path + ".json"
@@ -62,7 +69,10 @@ def check_saved_engine(path: str, record: dict):
                                 f"{redo}") from None
     except (OSError, ValueError) as exc:
         raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
-    if not isinstance(saved, dict) or set(saved) != set(record) | {"sha256"}:
+    except RecursionError:  # nested deeper than json.load can follow: not a record of ours either
+        saved = None
+    if not (isinstance(saved, dict) and set(saved) == set(record) | {"sha256"} and type(saved["sha256"]) is str
+            and all(same_types(saved[key], record[key]) for key in record)):
         raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
     try:
         with open(path, "rb") as f:

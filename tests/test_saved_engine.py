@@ -113,6 +113,44 @@ def test_a_foreign_record_is_refused(saved_path, text):
         saved.check_saved_engine(saved_path, record())
 
 
+# Records a user could have edited, or another program written: each value of the wrong type, or a nesting deeper
+# than json.load can follow (it raises RecursionError), is "not an engine record written by this sample".
+TAMPERED_RECORDS = {
+    "epsilon a string": {"epsilon": "1e-05"},          # the refusal formatted it with :g (ValueError)
+    "epsilon null": {"epsilon": None},                 # likewise (TypeError)
+    "hidden a string": {"hidden": "1024"},             # "built for hidden 1024, not hidden 1024"
+    "a profile entry a string": {"profile": [1, "128", 512]},
+    "hidden a bool": {"hidden": True},
+    "sha256 a number": {"sha256": 5},
+}
+
+
+def tampered(path, change=None, text=None):
+    """Rewrite `path`.json: the saved record with `change` applied (the engine's hash kept), or `text`."""
+    if text is None:
+        text = json.dumps({**json.load(open(path + ".json")), **change})
+    with open(path + ".json", "w") as f:
+        f.write(text)
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("change", TAMPERED_RECORDS.values(), ids=TAMPERED_RECORDS)
+def test_a_record_with_a_value_of_the_wrong_type_is_refused(saved_path, change):
+    tampered(saved_path, change)
+    with pytest.raises(sample.UsageError, match="is not an engine record written by this sample"):
+        saved.check_saved_engine(saved_path, record())
+
+
+@pytest.mark.parametrize("text", [DEEP_JSON, '{"profile": ' + "[" * 100_000 + "]" * 100_000 + "}"],
+                         ids=["deep list", "deep value"])
+def test_a_record_nested_deeper_than_json_can_read_is_refused(saved_path, text):
+    tampered(saved_path, text=text)
+    with pytest.raises(sample.UsageError, match="is not an engine record written by this sample"):
+        saved.check_saved_engine(saved_path, record())
+
+
 def test_an_engine_replaced_after_its_record_was_written_is_refused(saved_path):
     with open(saved_path, "wb") as f:
         f.write(b"another engine")
@@ -165,6 +203,22 @@ def test_the_scripts_refuse_an_engine_they_cannot_trust_before_anything_else(tmp
     code, _, err = run_script("--engine", str(path), script=script)
     assert code == EXIT_USAGE
     assert_one_sentence(err, needle, f"delete '{path}' and '{path}.json' to rebuild")
+
+
+@pytest.mark.parametrize("script,source,plugin", SCRIPTS, ids=SCRIPT_IDS)
+@pytest.mark.parametrize("change", ["epsilon a string", "epsilon null", "hidden a string", "deep"])
+def test_the_scripts_refuse_a_tampered_record_in_one_sentence(tmp_path, script, source, plugin, change):
+    """Not a traceback with exit 1: one sentence, exit 2, before the GPU check."""
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, saved.engine_record(flags(), source, plugin))
+    if change == "deep":
+        tampered(path, text=DEEP_JSON)
+    else:
+        tampered(path, TAMPERED_RECORDS[change])
+    code, _, err = run_script("--engine", path, script=script)
+    assert code == EXIT_USAGE, err
+    assert_one_sentence(err, f"'{path}.json' is not an engine record written by this sample",
+                        f"delete '{path}' and '{path}.json' to rebuild")
 
 
 def test_the_aot_script_refuses_a_python_plugin_engine(tmp_path):
