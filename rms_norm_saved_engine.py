@@ -57,8 +57,9 @@ def same_types(saved, value) -> bool:
     return type(saved) is type(value)  # type, not isinstance: a bool is an int
 
 
-def check_saved_engine(path: str, record: dict):
-    """UsageError unless `path`.json is this engine's record and matches `record` (the current flags)."""
+def check_saved_engine(path: str, record: dict) -> bytes:
+    """The engine's bytes, read once: UsageError unless `path`.json is their record and matches `record` (the
+    current flags). Those bytes, not the file read again, are what load_engine deserializes."""
     record_path = path + ".json"
     redo = f"delete '{path}' and '{record_path}' to rebuild"
     try:
@@ -76,10 +77,10 @@ def check_saved_engine(path: str, record: dict):
         raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
     try:
         with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+            data = f.read()
     except OSError as exc:
         raise sample.UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
-    if digest != saved["sha256"]:
+    if hashlib.sha256(data).hexdigest() != saved["sha256"]:
         raise sample.UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; "
                                 f"{redo}")
     differ = [key for key in record if saved[key] != record[key]]
@@ -89,14 +90,13 @@ def check_saved_engine(path: str, record: dict):
                              for key in differ)
         raise sample.UsageError(f"engine '{path}' was built for {show(saved)}, not {show(record)}; "
                                 f"pass matching flags or {redo}")
+    return data
 
 
-def load_engine(path: str):
-    """Deserialize an engine file (a Python plugin's creator must be registered first)."""
+def load_engine(data: bytes, path: str):
+    """Deserialize the engine read from `path` (a Python plugin's creator must be registered first)."""
     from polygraphy.backend.trt import get_trt_logger
 
-    with open(path, "rb") as f:
-        data = f.read()
     engine = sample.trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
     if engine is None:
         raise sample.UsageError(f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT "
@@ -107,16 +107,15 @@ def load_engine(path: str):
 
 def check_engine_flag(parser, args, record: dict):
     """Refuse, in one sentence before any build (and without a GPU), an --engine that is the wrong engine for these
-    flags, or that could not be saved once built."""
+    flags, or that could not be saved once built. The checked engine's bytes, or None if there is none yet."""
     path = args.engine
     if os.path.exists(path):
         if not os.path.isfile(path):
             parser.error(f"--engine '{path}' exists but is not a file")
         try:
-            check_saved_engine(path, record)
+            return check_saved_engine(path, record)
         except sample.UsageError as exc:
             parser.exit(sample.EXIT_USAGE, f"error: {exc}\n")
-        return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(folder):
         parser.error(f"--engine '{path}': directory '{folder}' does not exist")
@@ -126,11 +125,11 @@ def check_engine_flag(parser, args, record: dict):
         parser.error(f"--engine '{path}': directory '{folder}' is not writable")
 
 
-def load_or_build(args, record: dict, build):
-    """The engine saved at args.engine (check_engine_flag checked its record), or build(args), saved there."""
-    if os.path.exists(args.engine):
+def load_or_build(args, record: dict, build, data):
+    """The engine of `data`, the bytes check_engine_flag checked, or if it found none, build(args), saved there."""
+    if data is not None:
         with sample.tensorrt_stage("engine load"):
-            engine = load_engine(args.engine)
+            engine = load_engine(data, args.engine)
         print(f"Loaded engine from {args.engine}")
         return engine
     engine = build(args)
@@ -148,11 +147,11 @@ def main(argv=None) -> int:
     if args.plans:
         return sample.main(args)
     record = engine_record(args, "onnx" if args.from_onnx else "plugin", f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
-    check_engine_flag(parser, args, record)
+    data = check_engine_flag(parser, args, record)
 
     def make_engine(args):
         sample.register_creator()  # the engine holds the plugin's name and fields; its code is the sample's
-        return load_or_build(args, record, sample.build_engine)
+        return load_or_build(args, record, sample.build_engine, data)
 
     return sample.run(args, make_engine)
 

@@ -11,6 +11,7 @@ trt (marker): the companion saves an engine, a later process loads it and
 gets the same output, and a wrong engine file is refused in one sentence.
 """
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -49,8 +50,7 @@ def saved_path(tmp_path):
 
 
 def test_the_same_flags_reuse_the_engine(saved_path):
-    saved.check_saved_engine(saved_path, record())
-    assert open(saved_path, "rb").read() == ENGINE_BYTES
+    assert saved.check_saved_engine(saved_path, record()) == ENGINE_BYTES
 
 
 def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
@@ -164,7 +164,7 @@ def test_an_empty_engine_file_is_refused_without_asking_tensorrt(tmp_path):
     path = tmp_path / "empty.engine"
     path.write_bytes(b"")
     with pytest.raises(sample.UsageError, match=r"cannot deserialize engine file '.*empty\.engine'.*delete it"):
-        saved.load_engine(str(path))
+        saved.load_engine(path.read_bytes(), str(path))
 
 
 # -- the scripts, as a user runs them: one sentence and exit 2, before the GPU check -----------------
@@ -325,9 +325,9 @@ def steps(monkeypatch):
         calls.append("build")
         return FakeEngine()
 
-    def load_engine(path):
+    def load_engine(data, path):
         calls.append("load")
-        return FakeEngine(open(path, "rb").read())
+        return FakeEngine(data)
 
     def run_and_check(engine, *rest):
         calls.append(("run", engine.serialize()))
@@ -387,6 +387,47 @@ def test_an_engine_tensorrt_cannot_load_is_load_engines_sentence_and_exit_2(tmp_
     assert "build" not in steps
 
 
+class RuntimeDouble:
+    """TEST DOUBLE of tensorrt.Runtime (TensorRT is absent here), as its binding is (NVIDIA/TensorRT
+    python/src/infer/pyCore.cpp; TensorRT-RTX's has the same): Runtime(logger), and deserialize_cuda_engine(
+    serialized_engine) returns an ICudaEngine, or None if the bytes are not one. This one keeps the bytes given."""
+
+    def __init__(self, logger, given):
+        self.given = given
+
+    def deserialize_cuda_engine(self, serialized_engine):
+        self.given.append(bytes(serialized_engine))
+        return FakeEngine(bytes(serialized_engine))
+
+
+@pytest.mark.parametrize("script", ["saved_engine", "aot"])
+def test_the_engine_deserialized_is_the_engine_checked(tmp_path, steps, monkeypatch, script):
+    """The bytes hashed against the record are the bytes handed to TensorRT: replaced on disk after the check
+    (here while the creator is registered, or the AOT support checked), the file is not read again."""
+    polygraphy_trt = pytest.importorskip("polygraphy.backend.trt")  # load_engine imports its logger
+    given = []
+    monkeypatch.setattr(saved, "load_engine", REAL_LOAD_ENGINE)
+    monkeypatch.setattr(sample, "trt", argparse.Namespace(Runtime=lambda logger: RuntimeDouble(logger, given)))
+    monkeypatch.setattr(polygraphy_trt, "get_trt_logger", lambda: "logger double")  # its own needs TensorRT
+    path = tmp_path / "rms.engine"
+
+    def swap():  # between the check and the load, another program replaces the engine
+        steps.append("swap")
+        path.write_bytes(b"unchecked engine bytes")
+
+    if script == "aot":
+        saved.save_engine(str(path), ENGINE_BYTES, record(source="aot", plugin=aot.OP_NAME))
+        monkeypatch.setattr(aot, "check_aot_support", swap)  # double: its own needs TensorRT
+        assert aot.main(["--engine", str(path)]) == 0
+    else:
+        saved.save_engine(str(path), ENGINE_BYTES, record())
+        monkeypatch.setattr(sample, "register_creator", swap)
+        assert saved.main(["--engine", str(path)]) == 0
+    assert "swap" in steps
+    assert given == [ENGINE_BYTES]
+    assert steps[-1] == ("run", ENGINE_BYTES)
+
+
 # -- real TensorRT: save, then load in another process ---------------------------------------------------
 
 
@@ -422,8 +463,7 @@ args = s.validate_args(parser, parser.parse_args([]))
 record = saved.engine_record(args, "plugin", f"{{s.PLUGIN_NAME}} v{{s.PLUGIN_VERSION}}")
 s.register_creator()
 if os.path.exists(path):
-    saved.check_saved_engine(path, record)
-    engine = saved.load_engine(path)
+    engine = saved.load_engine(saved.check_saved_engine(path, record), path)
 else:
     engine = s.build_engine(args)
     saved.save_engine(path, engine.serialize(), record)
