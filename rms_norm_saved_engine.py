@@ -10,6 +10,8 @@ What you will learn
 * What an engine does not record: what the plugin baked in (epsilon; the AOT flavor's PTX), or the flags it was
   built with. A record beside the engine (PATH.json) holds them with the engine's SHA-256, and is checked before
   the engine is loaded: a wrong one is refused in one sentence.
+* How to save a pair of files that a concurrent run never sees half-written or mixed: each is written under a new
+  name and renamed into place, and both renames happen under a lock a check takes too (save_engine).
 
 How to run it (as rms_norm_plugin_cutedsl.py, with every flag of its, plus --engine)
 -------------------------------------------------------------------------------------
@@ -17,9 +19,12 @@ How to run it (as rms_norm_plugin_cutedsl.py, with every flag of its, plus --eng
     python3 rms_norm_saved_engine.py --engine rms_norm.engine      # loads, runs, checks
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import sys
 
 try:
@@ -38,16 +43,49 @@ def engine_record(args, source: str, plugin: str) -> dict:
             "epsilon": sample.validate_epsilon(args.epsilon)}
 
 
-def save_engine(path: str, data: bytes, record: dict):
-    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json."""
+def temp_name(path: str) -> str:
+    """A new name beside `path`, to write it under before it is renamed into place."""
+    return f"{path}.{secrets.token_hex(4)}.tmp"
+
+
+@contextlib.contextmanager
+def pair_lock(path: str, mode: int):
+    """Hold a lock (fcntl.LOCK_EX or LOCK_SH) on the directory of `path` and its record, where it takes one."""
+    fd = None
+    with contextlib.suppress(OSError):  # NFS takes no exclusive lock on a directory: there the hash alone guards
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        fcntl.flock(fd, mode)
     try:
-        with open(path, "wb") as f:
-            f.write(data)
-        with open(path + ".json", "w") as f:
-            json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
-            f.write("\n")
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # and with it the lock
+
+
+def save_engine(path: str, data: bytes, record: dict):
+    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json: each to a new file,
+    then renamed into place, so neither is ever half-written, and a failed save leaves the old pair as it was."""
+    text = json.dumps({**record, "sha256": hashlib.sha256(data).hexdigest()}, indent=1) + "\n"
+    temps = {}
+    try:
+        for name, content in ((path, data), (path + ".json", text.encode())):
+            fd = os.open(temp := temp_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+            temps[name] = temp
+            with open(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        # One lock over both renames, a shared one over a check's two reads: it sees the old pair or the new one.
+        with pair_lock(path, fcntl.LOCK_EX):
+            for name in (path, path + ".json"):
+                os.replace(temps[name], name)
+                del temps[name]
     except OSError as exc:
         raise sample.UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
+    finally:
+        for temp in temps.values():  # what was not renamed into place
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
 
 
 def same_types(saved, value) -> bool:
@@ -63,23 +101,27 @@ def check_saved_engine(path: str, record: dict) -> bytes:
     record_path = path + ".json"
     redo = f"delete '{path}' and '{record_path}' to rebuild"
     try:
-        with open(record_path) as f:
-            saved = json.load(f)
-    except FileNotFoundError:
+        with pair_lock(path, fcntl.LOCK_SH):  # the record and the engine of one save (see save_engine)
+            with open(record_path, "rb") as f:
+                text = f.read()
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError as exc:
+        if exc.filename != record_path:
+            raise sample.UsageError(f"cannot read '{exc.filename}' ({exc.strerror})") from None
         raise sample.UsageError(f"engine '{path}' has no record '{record_path}' of the flags it was built with; "
                                 f"{redo}") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise sample.UsageError(f"cannot read '{exc.filename or path}' ({exc.strerror})") from None
+    try:
+        saved = json.loads(text)
+    except ValueError as exc:
         raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
-    except RecursionError:  # nested deeper than json.load can follow: not a record of ours either
+    except RecursionError:  # nested deeper than json.loads can follow: not a record of ours either
         saved = None
     if not (isinstance(saved, dict) and set(saved) == set(record) | {"sha256"} and type(saved["sha256"]) is str
             and all(same_types(saved[key], record[key]) for key in record)):
         raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise sample.UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
     if hashlib.sha256(data).hexdigest() != saved["sha256"]:
         raise sample.UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; "
                                 f"{redo}")
@@ -121,8 +163,8 @@ def check_engine_flag(parser, args, record: dict):
         parser.error(f"--engine '{path}': directory '{folder}' does not exist")
     if not os.path.isdir(folder):
         parser.error(f"--engine '{path}': '{folder}' is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        parser.error(f"--engine '{path}': directory '{folder}' is not writable")
+    if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):  # R: the lock of save_engine opens it
+        parser.error(f"--engine '{path}': directory '{folder}' is not writable and readable")
 
 
 def load_or_build(args, record: dict, build, data):

@@ -12,10 +12,14 @@ gets the same output, and a wrong engine file is refused in one sentence.
 """
 
 import argparse
+import errno
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -96,6 +100,96 @@ def test_a_save_that_fails_is_one_sentence(tmp_path):
     """The directory was checked before the build; it may still be gone by the time the engine is saved."""
     with pytest.raises(sample.UsageError, match="cannot save the engine to .*No such file or directory"):
         saved.save_engine(str(tmp_path / "gone" / "rms.engine"), ENGINE_BYTES, record())
+
+
+def test_concurrent_saves_leave_the_old_pair_or_the_new_pair_never_a_mix(tmp_path):
+    """Two runs saving different engines to one --engine, over and over, while two readers check it: each check
+    finds a whole pair, either engine with its own record (the other's refused as "was built for"), and the
+    last pair stands, with no temporary file left. Real threads and files; nothing is a double."""
+    path = str(tmp_path / "rms.engine")
+    pairs = [(bytes([n]) * (1 << 20), record("--hidden-dim", hidden)) for n, hidden in ((1, "1024"), (2, "4096"))]
+    saved.save_engine(path, *pairs[0])
+    deadline = time.monotonic() + 3
+    found, problems = [], []
+
+    def guarded(step):
+        def loop():
+            try:
+                while time.monotonic() < deadline and not problems:
+                    step()
+            except Exception as exc:  # noqa: BLE001 (reported by the assertion below)
+                problems.append(repr(exc))
+        return loop
+
+    def check():
+        try:
+            data = saved.check_saved_engine(path, pairs[0][1])
+        except sample.UsageError as exc:
+            if "was built for hidden 4096, not hidden 1024" not in str(exc):
+                problems.append(str(exc))  # a mixed or half-written pair
+            found.append(2)
+        else:
+            found.append(1) if data == pairs[0][0] else problems.append("pair 1's record, other bytes")
+
+    threads = [threading.Thread(target=guarded(lambda pair=pair: saved.save_engine(path, *pair))) for pair in pairs]
+    threads += [threading.Thread(target=guarded(check)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert problems == []
+    assert set(found) == {1, 2}  # both writers' pairs were read while the other wrote
+    final = json.load(open(path + ".json"))["hidden"]
+    data, wanted = pairs[0] if final == 1024 else pairs[1]
+    assert saved.check_saved_engine(path, wanted) == data
+    assert sorted(os.listdir(tmp_path)) == ["rms.engine", "rms.engine.json"]
+
+
+def test_a_save_that_fails_halfway_leaves_the_old_pair_and_no_temporary_file(tmp_path):
+    """The file system refuses the new engine part-way (a file size limit, EFBIG, in a child process): the saved
+    pair is still whole, and the partial file is gone."""
+    path = tmp_path / "rms.engine"
+    saved.save_engine(str(path), ENGINE_BYTES, record())
+    worker = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(SAVED_PATH.parent)!r})
+import rms_norm_saved_engine as saved
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+try:
+    saved.save_engine(sys.argv[1], b"x" * 5000, {record()!r})
+except saved.sample.UsageError as exc:
+    print(exc)
+"""
+    proc = subprocess.run([sys.executable, "-B", "-c", worker, str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cannot save the engine to '{path}' (File too large)" in proc.stdout
+    assert saved.check_saved_engine(str(path), record()) == ENGINE_BYTES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rms.engine", "rms.engine.json"]
+
+
+def test_where_a_directory_takes_no_lock_the_pair_is_still_saved_and_checked(tmp_path, monkeypatch):
+    """NFS emulates flock with byte-range locks, and an exclusive one needs a file open for writing, which a
+    directory never is; flock then fails (EBADF), and the renames go ahead without the lock."""
+    def flock(fd, mode):  # double: NFS's answer to an exclusive flock on a directory (flock(2), "NFS details")
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(saved.fcntl, "flock", flock)
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record())
+    assert saved.check_saved_engine(path, record()) == ENGINE_BYTES
+
+
+def test_a_saved_pair_has_the_permissions_open_gives(tmp_path):
+    """Written to new files first, yet readable as a plain open(path, "w") leaves them (not mkstemp's 0600)."""
+    umask = os.umask(0o022)
+    try:
+        saved.save_engine(str(tmp_path / "rms.engine"), ENGINE_BYTES, record())
+    finally:
+        os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {"rms.engine": 0o644,
+                                                                               "rms.engine.json": 0o644}
 
 
 def test_an_engine_without_a_record_is_refused(tmp_path):
