@@ -151,6 +151,10 @@ def check_engine_flag(parser, args, record: dict):
     """Refuse, in one sentence before any build (and without a GPU), an --engine that is the wrong engine for these
     flags, or that could not be saved once built. The checked engine's bytes, or None if there is none yet."""
     path = args.engine
+    if not os.path.basename(path):
+        parser.error(f"--engine '{path}' does not name a file")
+    if os.path.islink(path) and not os.path.exists(path):
+        parser.error(f"--engine '{path}' is a dangling symbolic link (to '{os.readlink(path)}')")
     if os.path.exists(path):
         if not os.path.isfile(path):
             parser.error(f"--engine '{path}' exists but is not a file")
@@ -165,6 +169,13 @@ def check_engine_flag(parser, args, record: dict):
         parser.error(f"--engine '{path}': '{folder}' is not a directory")
     if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):  # R: the lock of save_engine opens it
         parser.error(f"--engine '{path}': directory '{folder}' is not writable and readable")
+    if os.path.exists(record_path := path + ".json") and not os.path.isfile(record_path):
+        parser.error(f"--engine '{path}': its record '{record_path}' exists but is not a file")
+    longest = len(os.fsencode(os.path.basename(temp_name(record_path))))  # of the names save_engine writes
+    if longest > (limit := os.pathconf(folder, "PC_NAME_MAX")):
+        parser.error(f"--engine '{path}': the name is too long; with '.json' and a temporary suffix it takes "
+                     f"{longest} bytes, and this file system allows {limit}")
+    return None
 
 
 def load_or_build(args, record: dict, build, data):

@@ -348,6 +348,10 @@ ENGINE_FLAG_PROBLEMS = [  # (the --engine path, the sentence), {tmp} the test's 
      "--engine '{tmp}/no/such/dir/x.engine': directory '{tmp}/no/such/dir' does not exist"),
     ("{tmp}/a_file/x.engine", "--engine '{tmp}/a_file/x.engine': '{tmp}/a_file' is not a directory"),
     ("{tmp}", "--engine '{tmp}' exists but is not a file"),
+    ("", "--engine '' does not name a file"),  # the AOT script took '' as no --engine, and saved nothing
+    ("{tmp}/new_dir/", "--engine '{tmp}/new_dir/' does not name a file"),
+    ("{tmp}/dangling.engine", "--engine '{tmp}/dangling.engine' is a dangling symbolic link (to '{tmp}/nowhere')"),
+    ("{tmp}/b.engine", "--engine '{tmp}/b.engine': its record '{tmp}/b.engine.json' exists but is not a file"),
 ]
 
 
@@ -356,9 +360,43 @@ ENGINE_FLAG_PROBLEMS = [  # (the --engine path, the sentence), {tmp} the test's 
 def test_an_engine_path_that_cannot_be_saved_to_is_refused_before_the_build(tmp_path, script, engine, sentence):
     """Found before the build, not after it: the engine is saved only once it is built."""
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "dangling.engine").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "b.engine.json").mkdir()
     code, _, err = run_script("--engine", engine.format(tmp=tmp_path), script=script)
     assert code == EXIT_USAGE
     assert_one_sentence(err, sentence.format(tmp=tmp_path))
+
+
+def name_max(folder):
+    return os.pathconf(folder, "PC_NAME_MAX")  # bytes in one name: 255 on most file systems
+
+
+@pytest.mark.parametrize("spare", [4, 17], ids=["the record's name", "the record's temporary name"])
+def test_an_engine_name_too_long_for_its_record_is_refused_before_the_build(tmp_path, steps, capsys, spare):
+    """NAME_MAX bytes in a name: an engine name that fits, but whose record's name, PATH.json (5 bytes more), or
+    that name's temporary one (18 more) does not, was found only when the built engine was saved."""
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - spare)))
+    with pytest.raises(SystemExit) as info:
+        saved.main(["--engine", path])
+    assert info.value.code == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, f"--engine '{path}': the name is too long",
+                        f"this file system allows {name_max(tmp_path)}")
+    assert steps == [] and list(tmp_path.iterdir()) == []
+
+
+def test_the_longest_engine_name_accepted_is_saved(tmp_path, steps):
+    """The check counts exactly the names save_engine writes: 18 bytes short of NAME_MAX is saved and checked."""
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - 18)))
+    assert saved.main(["--engine", path]) == 0
+    assert saved.check_saved_engine(path, record()) == ENGINE_BYTES
+
+
+@pytest.mark.parametrize("script", [SAVED_PATH, AOT_PATH], ids=SCRIPT_IDS)
+def test_the_scripts_refuse_an_engine_name_too_long_for_its_record(tmp_path, script):
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - 4)))
+    code, _, err = run_script("--engine", path, script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, f"--engine '{path}': the name is too long")
 
 
 def test_an_engine_directory_that_is_not_writable_is_refused_before_the_build(tmp_path, monkeypatch, capsys):
