@@ -195,10 +195,13 @@ def main(argv=None) -> int:
     """Exit codes as the sample's: 0 every run matched NumPy, 1 one did not, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build the sample's engine and save it to --engine, or load it from there if it "
                                 "exists (checked against PATH.json, the record of the flags it was built with).")
-    parser.add_argument("--engine", metavar="PATH", required=True, help="the engine file; its record is PATH.json")
+    parser.add_argument("--engine", metavar="PATH", help="the engine file (needed unless --plans); its record is "
+                        "PATH.json")
     args = sample.validate_args(parser, parser.parse_args(argv))
     if args.plans:
         return sample.main(args)
+    if args.engine is None:
+        parser.error("--engine PATH is required: the engine file to load, or to save once it is built")
     record = engine_record(args, "onnx" if args.from_onnx else "plugin", f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
     data = check_engine_flag(parser, args, record)
 

@@ -414,7 +414,13 @@ def test_an_engine_directory_that_is_not_writable_is_refused_before_the_build(tm
 def test_the_companion_needs_an_engine_path():
     code, _, err = run_script(script=SAVED_PATH)
     assert code == EXIT_USAGE
-    assert_one_sentence(err, "the following arguments are required: --engine")
+    assert_one_sentence(err, "--engine PATH is required")
+
+
+def test_the_companions_plans_needs_no_engine_path():
+    code, out, err = run_script("--plans", "--hidden-dim", "8192", script=SAVED_PATH)
+    assert code == 0, err
+    assert out == run_script("--plans", "--hidden-dim", "8192")[1]
 
 
 def test_the_companion_checks_the_samples_flags_first(tmp_path):
