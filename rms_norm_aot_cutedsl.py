@@ -225,8 +225,7 @@ def main(argv=None) -> int:
         print(f"every token count: {plan.describe()}")
         return sample.EXIT_CORRECT
     record = saved.engine_record(args, "aot", OP_NAME)
-    if args.engine:
-        saved.check_engine_flag(parser, args, record)
+    data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
         with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
@@ -236,9 +235,9 @@ def main(argv=None) -> int:
     def make_engine(args):
         check_aot_support()
         print(f"AOT kernel, every token count: {plan.describe()}")
-        if not args.engine:
+        if args.engine is None:
             return build(args)
-        engine = saved.load_or_build(args, record, build)
+        engine = saved.load_or_build(args, record, build, data)
         print(f"Run it without Python: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
         return engine
 

@@ -10,6 +10,8 @@ What you will learn
 * What an engine does not record: what the plugin baked in (epsilon; the AOT flavor's PTX), or the flags it was
   built with. A record beside the engine (PATH.json) holds them with the engine's SHA-256, and is checked before
   the engine is loaded: a wrong one is refused in one sentence.
+* How to save a pair of files that a concurrent run never sees half-written or mixed: each is written under a new
+  name and renamed into place, and both renames happen under a lock a check takes too (save_engine).
 
 How to run it (as rms_norm_plugin_cutedsl.py, with every flag of its, plus --engine)
 -------------------------------------------------------------------------------------
@@ -17,9 +19,12 @@ How to run it (as rms_norm_plugin_cutedsl.py, with every flag of its, plus --eng
     python3 rms_norm_saved_engine.py --engine rms_norm.engine      # loads, runs, checks
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import sys
 
 try:
@@ -38,38 +43,86 @@ def engine_record(args, source: str, plugin: str) -> dict:
             "epsilon": sample.validate_epsilon(args.epsilon)}
 
 
-def save_engine(path: str, data: bytes, record: dict):
-    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json."""
+def temp_name(path: str) -> str:
+    """A new name beside `path`, to write it under before it is renamed into place."""
+    return f"{path}.{secrets.token_hex(4)}.tmp"
+
+
+@contextlib.contextmanager
+def pair_lock(path: str, mode: int):
+    """Hold a lock (fcntl.LOCK_EX or LOCK_SH) on the directory of `path` and its record, where it takes one."""
+    fd = None
+    with contextlib.suppress(OSError):  # NFS takes no exclusive lock on a directory: there the hash alone guards
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        fcntl.flock(fd, mode)
     try:
-        with open(path, "wb") as f:
-            f.write(data)
-        with open(path + ".json", "w") as f:
-            json.dump({**record, "sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
-            f.write("\n")
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # and with it the lock
+
+
+def save_engine(path: str, data: bytes, record: dict):
+    """Write the engine's bytes to `path` and its record, with their SHA-256, to `path`.json: each to a new file,
+    then renamed into place, so neither is ever half-written, and a failed save leaves the old pair as it was."""
+    text = json.dumps({**record, "sha256": hashlib.sha256(data).hexdigest()}, indent=1) + "\n"
+    temps = {}
+    try:
+        for name, content in ((path, data), (path + ".json", text.encode())):
+            fd = os.open(temp := temp_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+            temps[name] = temp
+            with open(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        # One lock over both renames, a shared one over a check's two reads: it sees the old pair or the new one.
+        with pair_lock(path, fcntl.LOCK_EX):
+            for name in (path, path + ".json"):
+                os.replace(temps[name], name)
+                del temps[name]
     except OSError as exc:
         raise sample.UsageError(f"cannot save the engine to '{path}' ({exc.strerror})") from None
+    finally:
+        for temp in temps.values():  # what was not renamed into place
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
 
 
-def check_saved_engine(path: str, record: dict):
-    """UsageError unless `path`.json is this engine's record and matches `record` (the current flags)."""
+def same_types(saved, value) -> bool:
+    """Whether a value read from a record has the type of the one this sample writes (a list: of each item)."""
+    if type(value) is list:
+        return type(saved) is list and len(saved) == len(value) and all(map(same_types, saved, value))
+    return type(saved) is type(value)  # type, not isinstance: a bool is an int
+
+
+def check_saved_engine(path: str, record: dict) -> bytes:
+    """The engine's bytes, read once: UsageError unless `path`.json is their record and matches `record` (the
+    current flags). Those bytes, not the file read again, are what load_engine deserializes."""
     record_path = path + ".json"
     redo = f"delete '{path}' and '{record_path}' to rebuild"
     try:
-        with open(record_path) as f:
-            saved = json.load(f)
-    except FileNotFoundError:
+        with pair_lock(path, fcntl.LOCK_SH):  # the record and the engine of one save (see save_engine)
+            with open(record_path, "rb") as f:
+                text = f.read()
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError as exc:
+        if exc.filename != record_path:
+            raise sample.UsageError(f"cannot read '{exc.filename}' ({exc.strerror})") from None
         raise sample.UsageError(f"engine '{path}' has no record '{record_path}' of the flags it was built with; "
                                 f"{redo}") from None
-    except (OSError, ValueError) as exc:
-        raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
-    if not isinstance(saved, dict) or set(saved) != set(record) | {"sha256"}:
-        raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
-    try:
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
     except OSError as exc:
-        raise sample.UsageError(f"cannot read the engine '{path}' ({exc.strerror})") from None
-    if digest != saved["sha256"]:
+        raise sample.UsageError(f"cannot read '{exc.filename or path}' ({exc.strerror})") from None
+    try:
+        saved = json.loads(text)
+    except ValueError as exc:
+        raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
+    except RecursionError:  # nested deeper than json.loads can follow: not a record of ours either
+        saved = None
+    if not (isinstance(saved, dict) and set(saved) == set(record) | {"sha256"} and type(saved["sha256"]) is str
+            and all(same_types(saved[key], record[key]) for key in record)):
+        raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")
+    if hashlib.sha256(data).hexdigest() != saved["sha256"]:
         raise sample.UsageError(f"engine '{path}' is not the engine its record '{record_path}' was written for; "
                                 f"{redo}")
     differ = [key for key in record if saved[key] != record[key]]
@@ -79,14 +132,13 @@ def check_saved_engine(path: str, record: dict):
                              for key in differ)
         raise sample.UsageError(f"engine '{path}' was built for {show(saved)}, not {show(record)}; "
                                 f"pass matching flags or {redo}")
+    return data
 
 
-def load_engine(path: str):
-    """Deserialize an engine file (a Python plugin's creator must be registered first)."""
+def load_engine(data: bytes, path: str):
+    """Deserialize the engine read from `path` (a Python plugin's creator must be registered first)."""
     from polygraphy.backend.trt import get_trt_logger
 
-    with open(path, "rb") as f:
-        data = f.read()
     engine = sample.trt.Runtime(get_trt_logger()).deserialize_cuda_engine(data) if data else None
     if engine is None:
         raise sample.UsageError(f"cannot deserialize engine file '{path}': it is not an engine of this TensorRT "
@@ -97,30 +149,40 @@ def load_engine(path: str):
 
 def check_engine_flag(parser, args, record: dict):
     """Refuse, in one sentence before any build (and without a GPU), an --engine that is the wrong engine for these
-    flags, or that could not be saved once built."""
+    flags, or that could not be saved once built. The checked engine's bytes, or None if there is none yet."""
     path = args.engine
+    if not os.path.basename(path):
+        parser.error(f"--engine '{path}' does not name a file")
+    if os.path.islink(path) and not os.path.exists(path):
+        parser.error(f"--engine '{path}' is a dangling symbolic link (to '{os.readlink(path)}')")
     if os.path.exists(path):
         if not os.path.isfile(path):
             parser.error(f"--engine '{path}' exists but is not a file")
         try:
-            check_saved_engine(path, record)
+            return check_saved_engine(path, record)
         except sample.UsageError as exc:
             parser.exit(sample.EXIT_USAGE, f"error: {exc}\n")
-        return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(folder):
         parser.error(f"--engine '{path}': directory '{folder}' does not exist")
     if not os.path.isdir(folder):
         parser.error(f"--engine '{path}': '{folder}' is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        parser.error(f"--engine '{path}': directory '{folder}' is not writable")
+    if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):  # R: the lock of save_engine opens it
+        parser.error(f"--engine '{path}': directory '{folder}' is not writable and readable")
+    if os.path.exists(record_path := path + ".json") and not os.path.isfile(record_path):
+        parser.error(f"--engine '{path}': its record '{record_path}' exists but is not a file")
+    longest = len(os.fsencode(os.path.basename(temp_name(record_path))))  # of the names save_engine writes
+    if longest > (limit := os.pathconf(folder, "PC_NAME_MAX")):
+        parser.error(f"--engine '{path}': the name is too long; with '.json' and a temporary suffix it takes "
+                     f"{longest} bytes, and this file system allows {limit}")
+    return None
 
 
-def load_or_build(args, record: dict, build):
-    """The engine saved at args.engine (check_engine_flag checked its record), or build(args), saved there."""
-    if os.path.exists(args.engine):
+def load_or_build(args, record: dict, build, data):
+    """The engine of `data`, the bytes check_engine_flag checked, or if it found none, build(args), saved there."""
+    if data is not None:
         with sample.tensorrt_stage("engine load"):
-            engine = load_engine(args.engine)
+            engine = load_engine(data, args.engine)
         print(f"Loaded engine from {args.engine}")
         return engine
     engine = build(args)
@@ -133,16 +195,19 @@ def main(argv=None) -> int:
     """Exit codes as the sample's: 0 every run matched NumPy, 1 one did not, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build the sample's engine and save it to --engine, or load it from there if it "
                                 "exists (checked against PATH.json, the record of the flags it was built with).")
-    parser.add_argument("--engine", metavar="PATH", required=True, help="the engine file; its record is PATH.json")
+    parser.add_argument("--engine", metavar="PATH", help="the engine file (needed unless --plans); its record is "
+                        "PATH.json")
     args = sample.validate_args(parser, parser.parse_args(argv))
     if args.plans:
         return sample.main(args)
+    if args.engine is None:
+        parser.error("--engine PATH is required: the engine file to load, or to save once it is built")
     record = engine_record(args, "onnx" if args.from_onnx else "plugin", f"{sample.PLUGIN_NAME} v{sample.PLUGIN_VERSION}")
-    check_engine_flag(parser, args, record)
+    data = check_engine_flag(parser, args, record)
 
     def make_engine(args):
         sample.register_creator()  # the engine holds the plugin's name and fields; its code is the sample's
-        return load_or_build(args, record, sample.build_engine)
+        return load_or_build(args, record, sample.build_engine, data)
 
     return sample.run(args, make_engine)
 

@@ -11,10 +11,15 @@ trt (marker): the companion saves an engine, a later process loads it and
 gets the same output, and a wrong engine file is refused in one sentence.
 """
 
+import argparse
+import errno
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -49,8 +54,7 @@ def saved_path(tmp_path):
 
 
 def test_the_same_flags_reuse_the_engine(saved_path):
-    saved.check_saved_engine(saved_path, record())
-    assert open(saved_path, "rb").read() == ENGINE_BYTES
+    assert saved.check_saved_engine(saved_path, record()) == ENGINE_BYTES
 
 
 def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
@@ -98,6 +102,96 @@ def test_a_save_that_fails_is_one_sentence(tmp_path):
         saved.save_engine(str(tmp_path / "gone" / "rms.engine"), ENGINE_BYTES, record())
 
 
+def test_concurrent_saves_leave_the_old_pair_or_the_new_pair_never_a_mix(tmp_path):
+    """Two runs saving different engines to one --engine, over and over, while two readers check it: each check
+    finds a whole pair, either engine with its own record (the other's refused as "was built for"), and the
+    last pair stands, with no temporary file left. Real threads and files; nothing is a double."""
+    path = str(tmp_path / "rms.engine")
+    pairs = [(bytes([n]) * (1 << 20), record("--hidden-dim", hidden)) for n, hidden in ((1, "1024"), (2, "4096"))]
+    saved.save_engine(path, *pairs[0])
+    deadline = time.monotonic() + 3
+    found, problems = [], []
+
+    def guarded(step):
+        def loop():
+            try:
+                while time.monotonic() < deadline and not problems:
+                    step()
+            except Exception as exc:  # noqa: BLE001 (reported by the assertion below)
+                problems.append(repr(exc))
+        return loop
+
+    def check():
+        try:
+            data = saved.check_saved_engine(path, pairs[0][1])
+        except sample.UsageError as exc:
+            if "was built for hidden 4096, not hidden 1024" not in str(exc):
+                problems.append(str(exc))  # a mixed or half-written pair
+            found.append(2)
+        else:
+            found.append(1) if data == pairs[0][0] else problems.append("pair 1's record, other bytes")
+
+    threads = [threading.Thread(target=guarded(lambda pair=pair: saved.save_engine(path, *pair))) for pair in pairs]
+    threads += [threading.Thread(target=guarded(check)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert problems == []
+    assert set(found) == {1, 2}  # both writers' pairs were read while the other wrote
+    final = json.load(open(path + ".json"))["hidden"]
+    data, wanted = pairs[0] if final == 1024 else pairs[1]
+    assert saved.check_saved_engine(path, wanted) == data
+    assert sorted(os.listdir(tmp_path)) == ["rms.engine", "rms.engine.json"]
+
+
+def test_a_save_that_fails_halfway_leaves_the_old_pair_and_no_temporary_file(tmp_path):
+    """The file system refuses the new engine part-way (a file size limit, EFBIG, in a child process): the saved
+    pair is still whole, and the partial file is gone."""
+    path = tmp_path / "rms.engine"
+    saved.save_engine(str(path), ENGINE_BYTES, record())
+    worker = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(SAVED_PATH.parent)!r})
+import rms_norm_saved_engine as saved
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+try:
+    saved.save_engine(sys.argv[1], b"x" * 5000, {record()!r})
+except saved.sample.UsageError as exc:
+    print(exc)
+"""
+    proc = subprocess.run([sys.executable, "-B", "-c", worker, str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cannot save the engine to '{path}' (File too large)" in proc.stdout
+    assert saved.check_saved_engine(str(path), record()) == ENGINE_BYTES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rms.engine", "rms.engine.json"]
+
+
+def test_where_a_directory_takes_no_lock_the_pair_is_still_saved_and_checked(tmp_path, monkeypatch):
+    """NFS emulates flock with byte-range locks, and an exclusive one needs a file open for writing, which a
+    directory never is; flock then fails (EBADF), and the renames go ahead without the lock."""
+    def flock(fd, mode):  # double: NFS's answer to an exclusive flock on a directory (flock(2), "NFS details")
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(saved.fcntl, "flock", flock)
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record())
+    assert saved.check_saved_engine(path, record()) == ENGINE_BYTES
+
+
+def test_a_saved_pair_has_the_permissions_open_gives(tmp_path):
+    """Written to new files first, yet readable as a plain open(path, "w") leaves them (not mkstemp's 0600)."""
+    umask = os.umask(0o022)
+    try:
+        saved.save_engine(str(tmp_path / "rms.engine"), ENGINE_BYTES, record())
+    finally:
+        os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {"rms.engine": 0o644,
+                                                                               "rms.engine.json": 0o644}
+
+
 def test_an_engine_without_a_record_is_refused(tmp_path):
     path = tmp_path / "old.engine"
     path.write_bytes(ENGINE_BYTES)
@@ -110,6 +204,44 @@ def test_a_foreign_record_is_refused(saved_path, text):
     with open(saved_path + ".json", "w") as f:
         f.write(text)
     with pytest.raises(sample.UsageError, match="record"):
+        saved.check_saved_engine(saved_path, record())
+
+
+# Records a user could have edited, or another program written: each value of the wrong type, or a nesting deeper
+# than json.load can follow (it raises RecursionError), is "not an engine record written by this sample".
+TAMPERED_RECORDS = {
+    "epsilon a string": {"epsilon": "1e-05"},          # the refusal formatted it with :g (ValueError)
+    "epsilon null": {"epsilon": None},                 # likewise (TypeError)
+    "hidden a string": {"hidden": "1024"},             # "built for hidden 1024, not hidden 1024"
+    "a profile entry a string": {"profile": [1, "128", 512]},
+    "hidden a bool": {"hidden": True},
+    "sha256 a number": {"sha256": 5},
+}
+
+
+def tampered(path, change=None, text=None):
+    """Rewrite `path`.json: the saved record with `change` applied (the engine's hash kept), or `text`."""
+    if text is None:
+        text = json.dumps({**json.load(open(path + ".json")), **change})
+    with open(path + ".json", "w") as f:
+        f.write(text)
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("change", TAMPERED_RECORDS.values(), ids=TAMPERED_RECORDS)
+def test_a_record_with_a_value_of_the_wrong_type_is_refused(saved_path, change):
+    tampered(saved_path, change)
+    with pytest.raises(sample.UsageError, match="is not an engine record written by this sample"):
+        saved.check_saved_engine(saved_path, record())
+
+
+@pytest.mark.parametrize("text", [DEEP_JSON, '{"profile": ' + "[" * 100_000 + "]" * 100_000 + "}"],
+                         ids=["deep list", "deep value"])
+def test_a_record_nested_deeper_than_json_can_read_is_refused(saved_path, text):
+    tampered(saved_path, text=text)
+    with pytest.raises(sample.UsageError, match="is not an engine record written by this sample"):
         saved.check_saved_engine(saved_path, record())
 
 
@@ -126,7 +258,7 @@ def test_an_empty_engine_file_is_refused_without_asking_tensorrt(tmp_path):
     path = tmp_path / "empty.engine"
     path.write_bytes(b"")
     with pytest.raises(sample.UsageError, match=r"cannot deserialize engine file '.*empty\.engine'.*delete it"):
-        saved.load_engine(str(path))
+        saved.load_engine(path.read_bytes(), str(path))
 
 
 # -- the scripts, as a user runs them: one sentence and exit 2, before the GPU check -----------------
@@ -167,6 +299,22 @@ def test_the_scripts_refuse_an_engine_they_cannot_trust_before_anything_else(tmp
     assert_one_sentence(err, needle, f"delete '{path}' and '{path}.json' to rebuild")
 
 
+@pytest.mark.parametrize("script,source,plugin", SCRIPTS, ids=SCRIPT_IDS)
+@pytest.mark.parametrize("change", ["epsilon a string", "epsilon null", "hidden a string", "deep"])
+def test_the_scripts_refuse_a_tampered_record_in_one_sentence(tmp_path, script, source, plugin, change):
+    """Not a traceback with exit 1: one sentence, exit 2, before the GPU check."""
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, saved.engine_record(flags(), source, plugin))
+    if change == "deep":
+        tampered(path, text=DEEP_JSON)
+    else:
+        tampered(path, TAMPERED_RECORDS[change])
+    code, _, err = run_script("--engine", path, script=script)
+    assert code == EXIT_USAGE, err
+    assert_one_sentence(err, f"'{path}.json' is not an engine record written by this sample",
+                        f"delete '{path}' and '{path}.json' to rebuild")
+
+
 def test_the_aot_script_refuses_a_python_plugin_engine(tmp_path):
     path = str(tmp_path / "rms.engine")
     saved.save_engine(path, ENGINE_BYTES, record())
@@ -200,6 +348,10 @@ ENGINE_FLAG_PROBLEMS = [  # (the --engine path, the sentence), {tmp} the test's 
      "--engine '{tmp}/no/such/dir/x.engine': directory '{tmp}/no/such/dir' does not exist"),
     ("{tmp}/a_file/x.engine", "--engine '{tmp}/a_file/x.engine': '{tmp}/a_file' is not a directory"),
     ("{tmp}", "--engine '{tmp}' exists but is not a file"),
+    ("", "--engine '' does not name a file"),  # the AOT script took '' as no --engine, and saved nothing
+    ("{tmp}/new_dir/", "--engine '{tmp}/new_dir/' does not name a file"),
+    ("{tmp}/dangling.engine", "--engine '{tmp}/dangling.engine' is a dangling symbolic link (to '{tmp}/nowhere')"),
+    ("{tmp}/b.engine", "--engine '{tmp}/b.engine': its record '{tmp}/b.engine.json' exists but is not a file"),
 ]
 
 
@@ -208,9 +360,43 @@ ENGINE_FLAG_PROBLEMS = [  # (the --engine path, the sentence), {tmp} the test's 
 def test_an_engine_path_that_cannot_be_saved_to_is_refused_before_the_build(tmp_path, script, engine, sentence):
     """Found before the build, not after it: the engine is saved only once it is built."""
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "dangling.engine").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "b.engine.json").mkdir()
     code, _, err = run_script("--engine", engine.format(tmp=tmp_path), script=script)
     assert code == EXIT_USAGE
     assert_one_sentence(err, sentence.format(tmp=tmp_path))
+
+
+def name_max(folder):
+    return os.pathconf(folder, "PC_NAME_MAX")  # bytes in one name: 255 on most file systems
+
+
+@pytest.mark.parametrize("spare", [4, 17], ids=["the record's name", "the record's temporary name"])
+def test_an_engine_name_too_long_for_its_record_is_refused_before_the_build(tmp_path, steps, capsys, spare):
+    """NAME_MAX bytes in a name: an engine name that fits, but whose record's name, PATH.json (5 bytes more), or
+    that name's temporary one (18 more) does not, was found only when the built engine was saved."""
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - spare)))
+    with pytest.raises(SystemExit) as info:
+        saved.main(["--engine", path])
+    assert info.value.code == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, f"--engine '{path}': the name is too long",
+                        f"this file system allows {name_max(tmp_path)}")
+    assert steps == [] and list(tmp_path.iterdir()) == []
+
+
+def test_the_longest_engine_name_accepted_is_saved(tmp_path, steps):
+    """The check counts exactly the names save_engine writes: 18 bytes short of NAME_MAX is saved and checked."""
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - 18)))
+    assert saved.main(["--engine", path]) == 0
+    assert saved.check_saved_engine(path, record()) == ENGINE_BYTES
+
+
+@pytest.mark.parametrize("script", [SAVED_PATH, AOT_PATH], ids=SCRIPT_IDS)
+def test_the_scripts_refuse_an_engine_name_too_long_for_its_record(tmp_path, script):
+    path = str(tmp_path / ("e" * (name_max(tmp_path) - 4)))
+    code, _, err = run_script("--engine", path, script=script)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, f"--engine '{path}': the name is too long")
 
 
 def test_an_engine_directory_that_is_not_writable_is_refused_before_the_build(tmp_path, monkeypatch, capsys):
@@ -228,7 +414,13 @@ def test_an_engine_directory_that_is_not_writable_is_refused_before_the_build(tm
 def test_the_companion_needs_an_engine_path():
     code, _, err = run_script(script=SAVED_PATH)
     assert code == EXIT_USAGE
-    assert_one_sentence(err, "the following arguments are required: --engine")
+    assert_one_sentence(err, "--engine PATH is required")
+
+
+def test_the_companions_plans_needs_no_engine_path():
+    code, out, err = run_script("--plans", "--hidden-dim", "8192", script=SAVED_PATH)
+    assert code == 0, err
+    assert out == run_script("--plans", "--hidden-dim", "8192")[1]
 
 
 def test_the_companion_checks_the_samples_flags_first(tmp_path):
@@ -271,9 +463,9 @@ def steps(monkeypatch):
         calls.append("build")
         return FakeEngine()
 
-    def load_engine(path):
+    def load_engine(data, path):
         calls.append("load")
-        return FakeEngine(open(path, "rb").read())
+        return FakeEngine(data)
 
     def run_and_check(engine, *rest):
         calls.append(("run", engine.serialize()))
@@ -333,6 +525,47 @@ def test_an_engine_tensorrt_cannot_load_is_load_engines_sentence_and_exit_2(tmp_
     assert "build" not in steps
 
 
+class RuntimeDouble:
+    """TEST DOUBLE of tensorrt.Runtime (TensorRT is absent here), as its binding is (NVIDIA/TensorRT
+    python/src/infer/pyCore.cpp; TensorRT-RTX's has the same): Runtime(logger), and deserialize_cuda_engine(
+    serialized_engine) returns an ICudaEngine, or None if the bytes are not one. This one keeps the bytes given."""
+
+    def __init__(self, logger, given):
+        self.given = given
+
+    def deserialize_cuda_engine(self, serialized_engine):
+        self.given.append(bytes(serialized_engine))
+        return FakeEngine(bytes(serialized_engine))
+
+
+@pytest.mark.parametrize("script", ["saved_engine", "aot"])
+def test_the_engine_deserialized_is_the_engine_checked(tmp_path, steps, monkeypatch, script):
+    """The bytes hashed against the record are the bytes handed to TensorRT: replaced on disk after the check
+    (here while the creator is registered, or the AOT support checked), the file is not read again."""
+    polygraphy_trt = pytest.importorskip("polygraphy.backend.trt")  # load_engine imports its logger
+    given = []
+    monkeypatch.setattr(saved, "load_engine", REAL_LOAD_ENGINE)
+    monkeypatch.setattr(sample, "trt", argparse.Namespace(Runtime=lambda logger: RuntimeDouble(logger, given)))
+    monkeypatch.setattr(polygraphy_trt, "get_trt_logger", lambda: "logger double")  # its own needs TensorRT
+    path = tmp_path / "rms.engine"
+
+    def swap():  # between the check and the load, another program replaces the engine
+        steps.append("swap")
+        path.write_bytes(b"unchecked engine bytes")
+
+    if script == "aot":
+        saved.save_engine(str(path), ENGINE_BYTES, record(source="aot", plugin=aot.OP_NAME))
+        monkeypatch.setattr(aot, "check_aot_support", swap)  # double: its own needs TensorRT
+        assert aot.main(["--engine", str(path)]) == 0
+    else:
+        saved.save_engine(str(path), ENGINE_BYTES, record())
+        monkeypatch.setattr(sample, "register_creator", swap)
+        assert saved.main(["--engine", str(path)]) == 0
+    assert "swap" in steps
+    assert given == [ENGINE_BYTES]
+    assert steps[-1] == ("run", ENGINE_BYTES)
+
+
 # -- real TensorRT: save, then load in another process ---------------------------------------------------
 
 
@@ -368,8 +601,7 @@ args = s.validate_args(parser, parser.parse_args([]))
 record = saved.engine_record(args, "plugin", f"{{s.PLUGIN_NAME}} v{{s.PLUGIN_VERSION}}")
 s.register_creator()
 if os.path.exists(path):
-    saved.check_saved_engine(path, record)
-    engine = saved.load_engine(path)
+    engine = saved.load_engine(saved.check_saved_engine(path, record), path)
 else:
     engine = s.build_engine(args)
     saved.save_engine(path, engine.serialize(), record)
