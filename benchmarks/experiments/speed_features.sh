@@ -2,7 +2,8 @@
 # Each speed feature of the sample against the plan it would run without that feature, at shapes where the
 # feature is picked: time_plans.py times the sample's own plan (the feature on) and the alternative in the same
 # rounds, so the "/ own plan" column of the alternative is what switching the feature off costs (> 1: it pays).
-# benchmarks/NOTES.md ("Speed features and what each buys") records the figures. Needs a GPU.
+# benchmarks/NOTES.md ("Speed features and what each buys") records the figures; the 1-vector few-token plan
+# of 2-3 KB rows, dropped in d3b1255, was timed by this script at 241895e. Needs a GPU.
 #
 #     bash benchmarks/experiments/speed_features.sh [--rounds 5] [--dtypes float16,bfloat16]
 set -euo pipefail
@@ -17,8 +18,6 @@ time_plans "cluster at 16384, up to 128 rows" --shapes 1x16384,128x16384 --plans
 time_plans "few-token plan: X and W in registers (alternative: the row's own plan)" \
     --shapes 1x4096,128x4096 --plans t256k2s
 time_plans "few-token plan at 10240" --shapes 128x10240 --plans t320k4sl
-time_plans "1-vector few-token plan of 1536 (alternative: the own 2-vector plan with its launch bound)" \
-    --shapes 1x1536,128x1536 --plans t96k2m8
 time_plans "mid plan: 2 rows per CTA in turn, bulk copy (alternatives: own plan; cp.async; one row per CTA)" \
     --shapes 512x8192,1024x8192 --plans t256k4,t256k4sq2,t256k4sb
 time_plans "mid plan by cp.async at 4096 (alternative: one staged row per CTA)" \
@@ -37,8 +36,6 @@ time_plans "launch bound 8 CTAs/SM at 2 KB rows (alternative: none)" --shapes 40
 time_plans "launch bound 8 CTAs/SM at exactly 3 KB (alternative: none)" --shapes 4096x1536 --plans t96k2
 time_plans "short rows: 256 threads a CTA, W late (alternatives: 128 threads; W first)" \
     --shapes 4096x100 --plans t16k2lr8,t16k2r16
-time_plans "1-vector few-token plan at 2-3 KB rows (alternative: the own 2-vector plan, no launch bound)" \
-    --shapes 1x1280,128x1280 --plans t96k2
 time_plans "launch bound 8 CTAs/SM at 2-3 KB rows other than 3 KB (the own plan has none)" \
     --shapes 4096x1152,4096x1280,4096x1408,16384x1280 --plans t96k2m8
 time_plans "short rows: 128 threads a CTA with W first, with and without the launch bound of 2 KB rows" \
