@@ -395,7 +395,7 @@ def rms_norm_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32,
 
 
 # %% [3] Tuning: which plan runs which shape ---------------------------------------
-# Every tuned number is here, measured on the H200 against copy_ (benchmarks/NOTES.md: figures, commands, losers).
+# Every tuned number is here; benchmarks/NOTES.md says how each was chosen, with its command and what it beat.
 # A row picks a line of ROW_PLANS by its bytes, the call's token count n one of the line's plans; the launcher ([4])
 # holds a kernel for each (`--plans --hidden-dim H` prints them):
 #
@@ -541,7 +541,7 @@ def rms_norm_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_token
                     schedule: cutlass.Constexpr, epsilon: cutlass.Constexpr):
     for p in cutlass.range_constexpr(len(schedule)):
         plan, counts = schedule[p]
-        if cutlass.const_expr(len(schedule) == 1):
+        if cutlass.const_expr(len(schedule) == 1):  # one plan serves every count: no range test at run time
             launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
         elif serves(num_tokens, counts):
             launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
@@ -579,7 +579,7 @@ _COMPILED, _COMPILE_LOCK = {}, threading.Lock()  # the launchers compiled in thi
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
                      w_dtype: str = "float32", keep_ptx: bool = False, plans_by_tokens: bool = True):
     """The launcher for one X/Y dtype, W dtype, hidden and epsilon, compiled once per process for the GPU or `arch`
-    ("sm_90a": no GPU needed). keep_ptx: fresh, with __ptx__. plans_by_tokens=False: the AOT flavor's one plan."""
+    ("sm_90a": no GPU needed). keep_ptx: compiled anew, PTX in .__ptx__. plans_by_tokens=False: AOT's one plan."""
     for name, value, allowed in (("dtype", dtype, ACTIVATION_DTYPES), ("w_dtype", w_dtype, WEIGHT_DTYPES)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
