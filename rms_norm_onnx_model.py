@@ -24,7 +24,9 @@ What it runs on
 ---------------
 The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
 onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
-comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10.15+).
+comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10 or
+11); TensorRT's own import of ONNX's RMSNormalization, which the one-node
+model and opset-23 exports are compared against, needs TensorRT 10.15+.
 
 How to run it
 -------------
@@ -47,7 +49,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2  # the sample's codes (it is imported only after the flags)
+EXIT_USAGE = 2  # the sample's code for a usage error, needed before the sample is imported
 FLAGS_OF_THE_ONE_NODE_MODEL = ("hidden_dim", "dtype", "weight_dtype", "epsilon")
 FLAGS_OF_A_MODEL = ("output", "report_only", "min_shapes", "opt_shapes", "max_shapes")
 
@@ -109,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Flags that describe the other kind of run are refused, not ignored.
     misplaced = FLAGS_OF_THE_ONE_NODE_MODEL if args.model else FLAGS_OF_A_MODEL
     for name in misplaced:
-        if getattr(args, name) not in (None, False):
+        if (value := getattr(args, name)) is not None and value is not False:  # 0 is a value given
             flag = "-o" if name == "output" else "--" + name.replace("_", "-")
             parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx" if args.model else
                          f"{flag} applies to MODEL.onnx, which was not given")
@@ -132,10 +134,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.hidden_dim = 1024 if args.hidden_dim is None else args.hidden_dim
         args.dtype, args.weight_dtype = args.dtype or "float16", args.weight_dtype or "float32"
         args.epsilon = 1e-5 if args.epsilon is None else args.epsilon
-        if not 1 <= args.hidden_dim <= 32768:
-            parser.error(f"--hidden-dim must be in [1, 32768], got {args.hidden_dim}")
-        if not (math.isfinite(args.epsilon) and args.epsilon > 0):
-            parser.error(f"--epsilon must be finite and > 0, got {args.epsilon}")
     return args
 
 
@@ -143,21 +141,21 @@ if __name__ == "__main__":
     ARGS = parse_args()  # before the heavy imports: --help and flag errors must not wait for torch
 
 try:
+    import rms_norm_plugin_cutedsl as sample  # first: its ImportError names a missing package of its set
+
     import numpy as np
     import onnx
     import onnx_ir as ir
     import torch
     from onnx_ir.passes.common import ShapeInferencePass
     from onnxscript.rewriter import pattern
-
-    import rms_norm_plugin_cutedsl as sample
 except ImportError as exc:
     module = (exc.name or "").partition(".")[0]
     if module in ("onnx", "onnx_ir", "onnxscript"):
         message = (f"the Python package {module.replace('_', '-')} is not installed; install the ONNX "
                    "packages with `pip install onnx onnx-ir onnxscript`")
     else:
-        message = "a package of the sample failed to import; install its set with `pip install -r requirements.txt`"
+        message = str(exc)  # the sample's sentence
     if __name__ == "__main__":
         print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -244,7 +242,7 @@ class Replaced:
 
     name: str
     form: str
-    x: tuple           # the tensors whose sum is X (one, or input and skip of SkipSimplifiedLayerNormalization)
+    x: tuple           # the tensors whose sum is X (one; or input, skip and bias of SkipSimplifiedLayerNormalization)
     scale: str
     y: str             # the tensor compared: the node's output, or that of the Cast it absorbed
     epsilon: float
@@ -361,6 +359,7 @@ class PluginRule(pattern.RewriteRuleClassBase):
             x = op.Add(x, skip, _name=f"{replaced.name}/residual_add")
             if len(node.inputs) > 3 and node.inputs[3] is not None:
                 x = op.Add(x, node.inputs[3], _name=f"{replaced.name}/bias_add")
+                parts += (node.inputs[3],)
             x.dtype, x.shape = parts[0].dtype, parts[0].shape
         y = op.RmsNormPlugin(x, scale, _name=replaced.name, epsilon=replaced.epsilon,
                              plugin_version=sample.PLUGIN_VERSION, plugin_namespace=sample.PLUGIN_NAMESPACE)
@@ -431,8 +430,9 @@ def rewrite_model(model: ir.Model):
         rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
         pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
                                commute=True).apply_to_model(model)
-    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares.
-    for node in model.graph:
+    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
+    # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
+    for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
         square = node.inputs[0].producer() if node.op_type == "ReduceMean" and node.inputs else None
         is_square = square is not None and (square.op_type == "Pow" and constant(square.inputs[1]) == 2
                                             or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
@@ -562,7 +562,8 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
         if "mask" in name.lower():
             values[name] = torch.ones(shape, dtype=dtype)
         elif "position" in name.lower():
-            values[name] = torch.arange(shape[-1] if shape else 1, dtype=dtype).expand(shape).contiguous()
+            values[name] = (torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous() if shape else
+                            torch.zeros((), dtype=dtype))
         elif tables and tables[0] is not None and isinstance(tables[0][0], int):
             values[name] = torch.randint(0, tables[0][0], shape, generator=gen).to(dtype)
         else:
@@ -621,8 +622,8 @@ def build_engine(path: str, watched: list, profile: dict):
 # rounding errs by half the subnormal spacing instead, times |scale| at most.
 
 FP32_NOISE = 2.0 ** -18
-TORCH_DTYPES = {"HALF": torch.float16, "BF16": torch.bfloat16, "FLOAT": torch.float32, "INT32": torch.int32,
-                "INT64": torch.int64, "BOOL": torch.bool}
+TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in sample.DTYPES.values()},
+                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}  # TensorRT's name -> torch's
 
 
 def rounding_error(dtype: str) -> float:
@@ -635,8 +636,8 @@ def roundings(node: Replaced):
     ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
     theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
         + ([node.dtype] if node.cast == "absorbed" else [])
-    if len(node.x) > 1:  # SkipSimplifiedLayerNormalization: the sum is X; one rounding of it moves Y by 2u
-        ours, theirs = ours + [node.dtype] * 2, theirs + [node.dtype] * 2
+    if len(node.x) > 1:  # SkipSimplifiedLayerNormalization: the sum is X; each add's rounding moves Y by 2u
+        ours, theirs = (side + [node.dtype] * 2 * (len(node.x) - 1) for side in (ours, theirs))
     return ours, theirs
 
 
@@ -663,7 +664,10 @@ def bind(engine, feeds: dict):
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
-            dtype = TORCH_DTYPES[engine.get_tensor_dtype(name).name]
+            dtype = TORCH_DTYPES.get(trt_dtype := engine.get_tensor_dtype(name).name)
+            if dtype is None:
+                raise sample.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
+                                        f"{', '.join(TORCH_DTYPES)}")
             outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
             if dtype.is_floating_point:
                 outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
@@ -740,12 +744,10 @@ def one_node_model(args) -> ir.Model:
     """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to X's dtype
     where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin absorbs it."""
     dtype, w_dtype = (ir.DataType[sample.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
-    gen = torch.Generator().manual_seed(args.seed)
-    weights = (torch.rand(args.hidden_dim, generator=gen) * 2.0 - 0.5).to(
-        getattr(torch, sample.DTYPES[args.weight_dtype].torch))
+    _, weights = sample.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
     x = ir.Value(name="X", type=ir.TensorType(dtype), shape=ir.Shape(["num_tokens", args.hidden_dim]))
     scale = ir.Value(name="W", type=ir.TensorType(w_dtype), shape=ir.Shape([args.hidden_dim]),
-                     const_value=ir.Tensor(weights, dtype=w_dtype, name="W"))
+                     const_value=ir.tensor(weights, dtype=w_dtype, name="W"))
     norm = ir.node("RMSNormalization", [x, scale], {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1},
                    name="rms_norm")
     nodes, y = [norm], norm.outputs[0]
@@ -761,15 +763,19 @@ def one_node_model(args) -> ir.Model:
 
 def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list, profile: dict, seed: int):
     """Build both, run both at the profile's min, opt and max, check every replaced node, time both."""
-    inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, seed + k)
-              for k in range(3)]  # first, so that an input it cannot feed is refused before any build
+    try:  # first, so that an input it cannot feed is refused before any build
+        inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, (seed + k) % 2**64)
+                  for k in range(3)]
+    except (MemoryError, RuntimeError) as exc:  # torch's allocation failure is a RuntimeError
+        raise sample.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
+                                f"({' '.join(str(exc).split())[:120]})") from None
     sample.check_environment()
     watched = list(dict.fromkeys(t for node in replaced for t in (*node.x, node.scale, node.y)
                                  if t not in original.graph.initializers and t not in profile))
     with beside_its_data(rewritten) as path:
         engines = [build_engine(path, watched, profile), build_engine(model_path, watched, profile)]
-    weights = {node.scale: original.graph.initializers[node.scale].const_value.numpy().astype(np.float64)
-               for node in replaced if node.scale in original.graph.initializers}
+    weights = {name: original.graph.initializers[name].const_value.numpy().astype(np.float64)
+               for node in replaced for name in (node.scale, *node.x) if name in original.graph.initializers}
     correct, ratios = True, []
     for point, host in zip(("min", "opt", "max"), inputs):
         feeds = {name: value.cuda() for name, value in host.items()}
@@ -791,9 +797,23 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
     return correct
 
 
+def check_flag_values(args):
+    """UsageError unless each flag this script shares with the sample is in the sample's range."""
+    for flag, _, lowest, highest, _ in sample.INT_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)  # --num-tokens is the sample's alone
+        if value is not None and not lowest <= value <= highest:
+            raise sample.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
+    if args.epsilon is not None:
+        try:
+            sample.validate_epsilon(args.epsilon)
+        except ValueError:
+            raise sample.UsageError(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}") from None
+
+
 def main(args) -> int:
     """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT error."""
     try:
+        check_flag_values(args)
         with tempfile.TemporaryDirectory(prefix="rmsnorm-") as folder:
             path = args.model
             if path is None:

@@ -348,6 +348,81 @@ def test_positions_count_along_the_sequence_and_other_integer_inputs_are_refused
         companion.input_values(int_input_model("step"), {"step": (2, 5)}, seed=0)
 
 
+def test_a_position_input_without_dimensions_is_position_zero():
+    graph = helper.make_graph([helper.make_node("Cast", ["position_ids"], ["Y"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])])
+    values = companion.input_values(ir.serde.deserialize_model(helper.make_model(graph)), {"position_ids": ()}, 0)
+    assert values["position_ids"].shape == () and values["position_ids"].item() == 0
+
+
+def test_a_skip_norms_bias_is_part_of_the_x_it_is_checked_against():
+    """SkipSimplifiedLayerNormalization's optional bias (its fourth input) is added before the norm: the check's
+    reference must add it too. X and skip zero, the bias not: the exact Y is the bias normalized, so a plugin Y one
+    fp16 rounding away from TensorRT's is within the bound only if the bias is counted."""
+    n = 4
+    graph = helper.make_graph(
+        [helper.make_node("SkipSimplifiedLayerNormalization", ["X", "S", "w", "b"], ["Y"], name="skip_norm",
+                          domain="com.microsoft", epsilon=1e-6)], "g",
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT16, [n, H]) for v in ("X", "S")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [n, H])],
+        initializer=[onnx.numpy_helper.from_array(np.ones(H, np.float16), "w"),
+                     onnx.numpy_helper.from_array(np.linspace(-1, 1, H).astype(np.float16), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    _, (node,), left = rewrite_one(model)
+    assert left == {} and node.x == ("X", "S", "b")
+    bias = np.linspace(-1, 1, H).astype(np.float16).astype(np.float64)
+    zeros = np.zeros((n, H))
+    values = {"X": zeros, "S": zeros, "w": np.ones(H), "b": bias}
+    theirs = {"Y": sample.rms_norm_reference(np.broadcast_to(bias, (n, H)), np.ones(H), 1e-6)}
+    ulp = np.spacing(np.abs(theirs["Y"]).astype(np.float16)).astype(np.float64)
+    ours = {"Y": theirs["Y"] + ulp}
+    ok, diff = companion.check_replaced(ours, theirs, values, node)
+    assert ok and diff > 0
+
+
+def test_an_rmsnorm_inside_a_model_function_is_listed():
+    """A mean of squares that no form serves, inside a model-local function (apply_to_model rewrites functions
+    too), is listed like one in the main graph."""
+    function = helper.make_function(
+        "local", "MeanOfSquares", ["A"], ["B"],
+        [helper.make_node("Mul", ["A", "A"], ["sq"], name="square_in_function"),
+         helper.make_node("ReduceMean", ["sq"], ["B"], name="mean_in_function", axes=[-1])],
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("MeanOfSquares", ["X"], ["Z"], name="call", domain="local")], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", H])],
+                              [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["n", 1])])
+    model = helper.make_model(graph, functions=[function],
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    replaced, left = companion.rewrite_model(ir.serde.deserialize_model(model))
+    assert replaced == [] and "matches no form served" in left["mean_in_function"]
+
+
+def test_the_one_node_model_holds_the_samples_weights_in_every_dtype(tmp_path):
+    """bf16 weights included: onnx-ir serializes a torch bf16 tensor only through its torch adapter."""
+    for w_dtype in sample.WEIGHT_DTYPES:
+        args = argparse.Namespace(hidden_dim=H, dtype="float16", weight_dtype=w_dtype, epsilon=1e-5, seed=3)
+        path = str(tmp_path / f"{w_dtype}.onnx")
+        ir.save(companion.one_node_model(args), path)
+        saved = onnx.numpy_helper.to_array(onnx.load(path).graph.initializer[0])
+        _, wanted = sample.make_inputs(1, H, "float16", 3, w_dtype)
+        assert np.array_equal(saved.astype(np.float64), wanted.double().numpy())
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--seed", "-1"], "--seed must be in [0, 18446744073709551615], got -1"),
+    (["--seed", str(2**64)], "--seed must be in [0, 18446744073709551615]"),
+    (["--max-tokens", str(2**31)], "--max-tokens must be in [1, 2147483647]"),
+    (["--hidden-dim", "32769"], "--hidden-dim must be in [1, 32768], got 32769"),
+    (["--epsilon", "1e-50"], "--epsilon must be finite and > 0 in float32, got 1e-50"),
+    (["--epsilon", "1e39"], "--epsilon must be finite and > 0 in float32"),
+])
+def test_flag_values_get_the_samples_ranges_in_one_sentence(args, needle):
+    code, _, err = run_script(*args, script=COMPANION)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, needle)
+
+
 # -- real sizes: a model over 2 GB is never loaded or serialized whole -----------------------------------
 
 
@@ -413,6 +488,8 @@ def test_o_outside_the_external_datas_directory_is_refused(exported, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["MODEL", "--dtype", "bfloat16"], "--dtype applies to the one-node model, not to MODEL.onnx"),
     (["MODEL", "--hidden-dim", "64"], "--hidden-dim applies to the one-node model"),
+    (["MODEL", "--hidden-dim", "0"], "--hidden-dim applies to the one-node model"),  # 0 is given, not absent
+    (["MODEL", "--epsilon", "0"], "--epsilon applies to the one-node model"),
     (["-o", "x.onnx"], "-o applies to MODEL.onnx, which was not given"),
     (["--report-only"], "--report-only applies to MODEL.onnx"),
     (["--min-shapes", "X:1x64", "--opt-shapes", "X:1x64", "--max-shapes", "X:1x64"], "--min-shapes applies to MODEL"),
