@@ -1,5 +1,5 @@
 """The sample's kernel on torch CUDA tensors, on torch's current stream: its code path without TensorRT (the GPU
-tests and the benchmark call it)."""
+tests call it)."""
 
 import torch
 
