@@ -81,6 +81,7 @@ DTYPES = {  # X and Y share a dtype; W may have any of the three (nine pairs): t
 }
 ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")  # X and Y
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")      # W; float32 first, as the default
+DTYPE_PAIRS = tuple((x, w) for x in ACTIVATION_DTYPES for w in WEIGHT_DTYPES)  # every (X, W) pair it serves
 DEFAULT_EPSILON = 1e-5
 MAX_HIDDEN = 32768  # the longest row the last line of ROW_PLANS ([3]) holds
 
@@ -448,6 +449,12 @@ BULK_ROW_BYTES = 8192     # T: on sm_90+ the mid plan's rows longer than this ar
 MID_BOUND = (480, 2)      # R: mid plans of 480+ threads ask for 2 CTAs/SM, which ptxas misses by a few registers
 
 
+def row_classes(elem_bytes: int) -> tuple:
+    """((fewest, most) hidden, ...): the row lengths each line of ROW_PLANS serves at elem_bytes per element."""
+    most = [min(MAX_HIDDEN, r.max_row_bytes // elem_bytes) for r in ROW_PLANS]
+    return tuple((low + 1, high) for low, high in zip([0] + most, most) if high > low)
+
+
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
     """Threads sharing a row: enough for vecs_per_thread vectors each, in whole warps (per CTA of a cluster of
     `ctas`), not a power of two, so none sit half idle; under a warp, a power of two, so the shuffle stays inside."""
@@ -576,6 +583,20 @@ def gpu_arch() -> str:
 _COMPILED, _COMPILE_LOCK = {}, threading.Lock()  # the launchers compiled in this process
 
 
+def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: str, keep_ptx: bool = False):
+    """rms_norm_launch compiled for one schedule, dtype pair, epsilon and arch, on fake tensors (no GPU); keep_ptx:
+    its PTX in .__ptx__. support/check_kernel.py compiles a copy's plans one by one through this hook."""
+    fake, tokens = cute.runtime.make_fake_compact_tensor, cute.sym_int32()
+    x, y = (fake(getattr(cutlass, DTYPES[dtype].cute), (tokens, schedule[0][0].hidden), stride_order=(1, 0),
+                 assumed_align=VECTOR_BYTES) for _ in range(2))
+    w = fake(getattr(cutlass, DTYPES[w_dtype].cute), (schedule[0][0].hidden,), assumed_align=VECTOR_BYTES)
+    args = (rms_norm_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), schedule, epsilon)
+    if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
+        with tempfile.TemporaryDirectory() as dump_dir:
+            return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
+    return cute.compile(*args, options=f"--gpu-arch {arch}")
+
+
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
                      w_dtype: str = "float32", keep_ptx: bool = False, plans_by_tokens: bool = True):
     """The launcher for one X/Y dtype, W dtype, hidden and epsilon, compiled once per process for the GPU or `arch`
@@ -589,16 +610,10 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, 
                 else ((plan_kernel(hidden, elem_bytes, sm90=False), ((None, None),)),))
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
-        if keep_ptx or key not in _COMPILED:
-            fake, tokens = cute.runtime.make_fake_compact_tensor, cute.sym_int32()
-            x, y = (fake(getattr(cutlass, DTYPES[dtype].cute), (tokens, hidden), stride_order=(1, 0),
-                         assumed_align=VECTOR_BYTES) for _ in range(2))
-            w = fake(getattr(cutlass, DTYPES[w_dtype].cute), (hidden,), assumed_align=VECTOR_BYTES)
-            args = (rms_norm_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), schedule, epsilon)
-            if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
-                with tempfile.TemporaryDirectory() as dump_dir:
-                    return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
-            _COMPILED[key] = cute.compile(*args, options=f"--gpu-arch {arch}")
+        if keep_ptx:
+            return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True)
+        if key not in _COMPILED:
+            _COMPILED[key] = compile_launcher(schedule, dtype, w_dtype, epsilon, arch)
         return _COMPILED[key]
 
 
