@@ -4,22 +4,31 @@
 
 What you will learn
 -------------------
-* A memory-bound CuteDSL kernel that reads every byte once in 128-bit vectors, reduces in FP32 and casts on store,
-  in five steps of one ``@cute.jit`` helper each ([2]); one table picks its shape per row and token count ([3]).
-* A ``@cute.jit`` launcher compiled before the first inference, the token count and TensorRT's stream passed at run
-  time ([4]); TensorRT's pointers as CuTe tensors without a copy, through cupy ``UnownedMemory``, ``torch.as_tensor``
-  and ``cute.runtime.from_dlpack`` ([5]); an ``IPluginV3`` and its ``IPluginCreatorV3One`` ([6]), an engine built by
-  Polygraphy with a dynamic token count ([7]), checked against NumPy ([8]); every user error as one sentence ([9]).
+* [2] A memory-bound CuteDSL kernel in five steps, one ``@cute.jit`` helper
+  each: every byte of X read once in 128-bit vectors, sums in FP32, one
+  cast on store. [3] adds the layers that make it fast at every shape.
+* [4] How a plan follows from what the kernel holds in registers, and one
+  table of timed choices; ``--plans`` prints which kernel runs where.
+* [5] A ``@cute.jit`` launcher compiled before the first inference, with the
+  token count and TensorRT's stream passed at run time.
+* [6] TensorRT's raw pointers as CuTe tensors without a copy: cupy
+  ``UnownedMemory``, ``torch.as_tensor``, ``cute.runtime.from_dlpack``.
+* [7] An ``IPluginV3`` and its ``IPluginCreatorV3One``; [8] an engine built
+  by Polygraphy with a dynamic token count; [9] the check against NumPy;
+  [10] every user error as one sentence.
 
-It runs on an NVIDIA GPU of compute capability 8.0 or newer, TensorRT 10 or 11, CUDA 12 or 13, Python 3.11+:
+It runs on an NVIDIA GPU of compute capability 8.0 or newer, with
+TensorRT 10 or 11, CUDA 12 or 13 and Python 3.11+:
 
-    pip install -r requirements.txt                  # CUDA 12; requirements-cu13.txt for CUDA 13
-    python3 rms_norm_plugin_cutedsl.py               # build, run 128/1/512/37 tokens, check against NumPy
-    python3 rms_norm_plugin_cutedsl.py --from-onnx   # the same, through TensorRT's ONNX parser
-    python3 rms_norm_plugin_cutedsl.py --plans --hidden-dim 8192   # which kernel runs which token counts
+    pip install -r requirements.txt     # CUDA 12; requirements-cu13.txt: CUDA 13
+    python3 rms_norm_plugin_cutedsl.py               # build, run, check
+    python3 rms_norm_plugin_cutedsl.py --from-onnx   # through the ONNX parser
+    python3 rms_norm_plugin_cutedsl.py --plans --hidden-dim 8192  # no GPU
 
-Exit codes: 0 every run matched NumPy, 1 one did not, 2 a usage or environment error. Companions importing this
-file: rms_norm_onnx_model.py (your ONNX model), rms_norm_saved_engine.py (saved engines), rms_norm_aot_cutedsl.py.
+Exit codes: 0 every run matched NumPy, 1 one did not, 2 a usage or
+environment error. Companions that import this file: rms_norm_onnx_model.py
+(your ONNX model), rms_norm_saved_engine.py (saved engines) and
+rms_norm_aot_cutedsl.py (no Python at run time).
 """
 
 from __future__ import annotations
@@ -27,26 +36,45 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import math
 import struct
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
 
-EXIT_CORRECT, EXIT_INCORRECT, EXIT_USAGE = 0, 1, 2
-PIP_NAMES = {"cuda": "cuda-python", "cupy": "cupy-cuda12x (cupy-cuda13x for CUDA 13)", "cutlass": "nvidia-cutlass-dsl",
-             "tensorrt": "tensorrt-cu12 (tensorrt-cu13 for CUDA 13)"}  # where pip's name is not the import's
+EXIT_CORRECT = 0
+EXIT_INCORRECT = 1
+EXIT_USAGE = 2
+
+# Where pip's package name is not the name Python imports.
+PIP_NAMES = {
+    "cuda": "cuda-python",
+    "cupy": "cupy-cuda12x (cupy-cuda13x for CUDA 13)",
+    "cutlass": "nvidia-cutlass-dsl",
+    "tensorrt": "tensorrt-cu12 (tensorrt-cu13 for CUDA 13)",
+}
 
 
 def import_error_message(exc: ImportError) -> str:
-    """One sentence naming the pip package behind a failed import and how to install the sample's set."""
-    install = "install the sample's set with `pip install -r requirements.txt` (CUDA 12) or `-r requirements-cu13.txt`"
+    """One sentence naming the pip package behind a failed import."""
+    install = (
+        "install the sample's set with `pip install -r requirements.txt` "
+        "(CUDA 12) or `-r requirements-cu13.txt`"
+    )
     module = (exc.name or "").partition(".")[0]
     if isinstance(exc, ModuleNotFoundError) and module:
-        return f"the package {PIP_NAMES.get(module, module)} is not installed (import '{exc.name}' failed); {install}"
-    detail = " ".join(str(exc).split())  # installed but not loadable, e.g. a missing shared library
-    return f"a package of this sample failed to import ({detail}); {install} in a fresh virtual environment"
+        package = PIP_NAMES.get(module, module)
+        return (
+            f"the package {package} is not installed "
+            f"(import '{exc.name}' failed); {install}"
+        )
+    # Installed but not loadable, e.g. a shared library is missing.
+    detail = " ".join(str(exc).split())
+    return (
+        f"a package of this sample failed to import ({detail}); "
+        f"{install} in a fresh virtual environment"
+    )
 
 
 try:
@@ -62,7 +90,8 @@ try:
     from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import from_dlpack
 except ImportError as exc:
-    if __name__ == "__main__":  # one sentence and exit 2; imported, an ImportError that says the same
+    # Run as a script: one sentence and exit 2. Imported: the same sentence.
+    if __name__ == "__main__":
         print(f"error: {import_error_message(exc)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     raise ImportError(import_error_message(exc), name=exc.name) from exc
@@ -70,397 +99,688 @@ except ImportError as exc:
 try:
     import tensorrt as trt
 except ImportError:
-    trt = None  # the kernel half works without TensorRT; main() says what to install
+    trt = None  # the kernel half runs without TensorRT; main() says what to install
 
-# A dtype as TensorRT, torch, cutlass, cupy (int16 carries bf16) and ONNX name it, its size, Y's tolerances ([8]).
-DTypeNames = collections.namedtuple("DTypeNames", "trt torch cute cupy onnx bytes rtol atol")
-DTYPES = {  # X and Y share a dtype; W may have any of the three (nine pairs): the kernel computes in FP32
-    "float16": DTypeNames("HALF", "float16", "Float16", "float16", "FLOAT16", 2, rtol=2.0 ** -10, atol=1e-6),
-    "bfloat16": DTypeNames("BF16", "bfloat16", "BFloat16", "int16", "BFLOAT16", 2, rtol=2.0 ** -7, atol=1e-6),
-    "float32": DTypeNames("FLOAT", "float32", "Float32", "float32", "FLOAT", 4, rtol=2.0 ** -18, atol=1e-30),
+# One dtype as TensorRT, torch, CuTe, cupy and ONNX name it, and its size.
+# cupy has no bfloat16: an int16 array carries its bits.
+DType = collections.namedtuple("DType", "trt torch cute cupy onnx bytes rtol atol")
+DTYPES = {
+    "float16": DType("HALF", "float16", "Float16", "float16", "FLOAT16", 2, 2.0**-10, 1e-6),
+    "bfloat16": DType("BF16", "bfloat16", "BFloat16", "int16", "BFLOAT16", 2, 2.0**-7, 1e-6),
+    "float32": DType("FLOAT", "float32", "Float32", "float32", "FLOAT", 4, 2.0**-18, 1e-30),
 }
 ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")  # X and Y
-WEIGHT_DTYPES = ("float32", "float16", "bfloat16")      # W; float32 first, as the default
-DTYPE_PAIRS = tuple((x, w) for x in ACTIVATION_DTYPES for w in WEIGHT_DTYPES)  # every (X, W) pair it serves
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # W; the first is the default
+# Any X dtype with any W dtype: the kernel computes in FP32 either way.
+DTYPE_PAIRS = tuple((x, w) for x in ACTIVATION_DTYPES for w in WEIGHT_DTYPES)
 DEFAULT_EPSILON = 1e-5
-MAX_HIDDEN = 32768  # the longest row the last line of ROW_PLANS ([3]) holds
+MAX_HIDDEN = 32768  # the longest row the last line of ROW_PLANS ([4]) serves
 
 
-# %% [1] NumPy reference ----------------------------------------------------------
+# %% [1] NumPy reference ---------------------------------------------------------
 
 
 def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarray:
-    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis in float64 (the kernel: FP32 math, one rounding)."""
+    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis, in float64."""
     x64 = np.asarray(x, dtype=np.float64)
-    return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + epsilon) * np.asarray(w, dtype=np.float64)
+    mean_square = np.mean(x64 * x64, axis=-1, keepdims=True)
+    return x64 / np.sqrt(mean_square + epsilon) * np.asarray(w, dtype=np.float64)
 
 
-# %% [2] The CuteDSL kernel -------------------------------------------------------
-# Memory traffic. RMSNorm does about 4 FLOPs per element and is bound by memory: N rows of H elements read N*H*x
-# bytes of X and H*w of W and write N*H*x of Y (x, w: bytes per element). The floor is a copy of X into Y, so each
-# element of X is read from DRAM once: a row stays on chip, in registers or shared memory, until it is stored.
+# %% [2] The CuteDSL kernel ------------------------------------------------------
+# Memory traffic. RMSNorm does about 4 FLOPs per element, so memory bounds
+# it. N rows of H elements: X and Y move N*H*x bytes each, W H*w (x, w:
+# bytes per element). The floor is a copy of X into Y, so the kernel reads
+# each element of X from DRAM once: a row stays on chip until it is stored.
 #
-# Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32 values; fewer where H is not a multiple),
-# W alike. The T threads of a row own vectors t, t+T, t+2T, ..., so neighbouring threads touch neighbouring bytes. A
-# KernelPlan says how many threads share a row, how many rows a CTA, how a row arrives; [3] picks one per shape.
+# Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32
+# values; fewer where H is not a multiple), W alike. The T threads of a row
+# own vectors t, t+T, t+2T, ..., so neighbouring threads touch neighbouring
+# bytes and every access is one 128-bit instruction.
 #
-#      vector:   0    1   ...  T-1 |  T   T+1 ... 2T-1 | ...
-#      thread:   t0   t1  ...  tT-1|  t0  t1  ... tT-1 | ...   Step 1  row_to_registers: X (and W) in registers,
-#                 \    \        /     /    /       /                   from DRAM or staged by request_rows
-#                  x^2 summed per thread, in FP32               Step 2  sum_of_squares
-#                  \__ warp shuffle __/ [w0][w1]... smem        Step 3  row_sum: the row's sum in every thread
-#                  rstd = rsqrt(sum / H + epsilon)              Step 4  inverse_rms
-#                  y = x * rstd * w, cast, 16-byte stores       Step 5  store_row
+#   vector:  0   1  ...  T-1 | T  T+1 ... 2T-1 | ...
+#   thread:  t0  t1 ...  tT-1| t0 t1  ... tT-1 | ...
+#            X and W into registers            Step 1  load_row
+#            x^2 summed per thread, FP32        Step 2  sum_of_squares
+#            warp shuffle, then [w0][w1].. smem Step 3  row_sum
+#            rstd = rsqrt(sum / H + epsilon)    Step 4  inverse_rms
+#            y = x * rstd * w, cast, stored     Step 5  store_row
+#
+# The plan the demo runs (hidden 1024) is exactly this: X in registers,
+# a warp shuffle and shared memory for the sum. [3] adds staged rows and
+# clusters; a reader may skip it on the first pass.
 
-VECTOR_BYTES = 16          # the widest global access per thread (ld.global.v4.b32); cp.async.cg copies exactly this
+VECTOR_BYTES = 16  # the widest global access per thread (ld.global.v4.b32)
 WARP_THREADS = 32
-MAX_CTA_THREADS = 1024     # CUDA's limit on threads per CTA
+MAX_CTA_THREADS = 1024  # CUDA's limit on threads per CTA
 FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class KernelPlan:
-    """How the kernel maps rows onto threads: one compile-time value, baked into the kernel compiled with it."""
+    """How the kernel maps rows onto threads; baked into the kernel compiled with it."""
 
     hidden: int
-    elem_bytes: int            # bytes per X/Y element: 2 (fp16, bf16) or 4 (fp32)
-    vec: int                   # elements per vector access
-    threads_per_row: int       # counted over all CTAs of a cluster, where a cluster shares each row
-    rows_per_cta: int          # row slots side by side in a CTA
+    elem_bytes: int  # bytes per X/Y element: 2 (fp16, bf16) or 4 (fp32)
+    vec: int  # elements per vector access
+    threads_per_row: int  # over all CTAs of a cluster, where a cluster shares a row
+    rows_per_cta: int  # row slots side by side in a CTA
     vecs_per_thread: int
-    arrival: str = "registers"  # Step 1: X straight into "registers", or staged in shared memory by "cp.async"
-                                # (a copy per vector per thread) or by "bulk" copy (one per row, sm_90+)
-    early_weight: bool = True   # W loaded with X (True), or after the reduction (no W registers held through it)
-    rows_in_sequence: int = 1   # rows each slot normalizes in turn, all requested up front (staged plans)
-    cluster_ctas: int = 1       # CTAs of a thread-block cluster, on as many SMs, that share each row (sm_90+)
-    min_ctas_per_sm: int = 0    # a launch bound: ptxas budgets registers so that this many CTAs fit an SM
+    # Step 1: X straight into "registers", or staged in shared memory ([3]) by
+    # "cp.async" (a copy per vector) or "bulk" copy (one per row, sm_90+).
+    arrival: str = "registers"
+    early_weight: bool = True  # W loaded with X (Step 1), or in Step 5
+    rows_in_sequence: int = 1  # rows each slot normalizes in turn (staged plans)
+    cluster_ctas: int = 1  # CTAs of a cluster that share each row (sm_90+)
+    min_ctas_per_sm: int = 0  # a launch bound: ptxas budgets registers for it
 
-    num_vecs = property(lambda self: self.hidden // self.vec)
-    warps_per_row = property(lambda self: max(1, self.threads_per_row // WARP_THREADS))
-    cta_threads = property(lambda self: self.threads_per_row * self.rows_per_cta // self.cluster_ctas)
-    cta_rows = property(lambda self: self.rows_per_cta * self.rows_in_sequence)
-    ragged = property(lambda self: self.num_vecs % self.threads_per_row != 0, doc="some thread owns fewer vectors")
+    @property
+    def num_vecs(self) -> int:
+        return self.hidden // self.vec
 
-    # Index arithmetic in plain Python: the kernel runs it on Int32 values, tests/test_kernel_operands.py on ints.
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.threads_per_row // WARP_THREADS)
+
+    @property
+    def cta_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_cta // self.cluster_ctas
+
+    @property
+    def cta_rows(self) -> int:
+        return self.rows_per_cta * self.rows_in_sequence
+
+    @property
+    def ragged(self) -> bool:
+        """Whether some thread owns fewer vectors than the others."""
+        return self.num_vecs % self.threads_per_row != 0
+
+    # Index arithmetic in plain Python: the kernel runs it on Int32 values,
+    # tests/test_kernel_operands.py on ints.
     def grid(self, num_tokens):
-        """CTAs for num_tokens rows (on ints, Int32 values and TensorRT's symbolic sizes alike)."""
-        return (num_tokens + self.cta_rows - 1) // self.cta_rows * self.cluster_ctas
+        """CTAs for num_tokens rows (ints, Int32 values or TensorRT's symbolic sizes)."""
+        ctas_of_rows = (num_tokens + self.cta_rows - 1) // self.cta_rows
+        return ctas_of_rows * self.cluster_ctas
 
     def thread_slot(self, tidx, bidx):
-        """(row_in_cta, t, first_row) of thread tidx of CTA bidx: its row slot, its place in the row, the slot's first
-        row (the slot's rows are first_row + i * rows_per_cta)."""
-        if self.cluster_ctas > 1:  # a row's CTAs are consecutive in the grid; CTA c holds threads c * cta_threads...
-            tidx, bidx = tidx + bidx % self.cluster_ctas * self.cta_threads, bidx // self.cluster_ctas
+        """(row slot, place t in the row, the slot's first row) of thread tidx of CTA bidx.
+
+        A slot's rows are first_row + i * rows_per_cta, i < rows_in_sequence.
+        """
+        if self.cluster_ctas > 1:
+            # A row's CTAs are neighbours in the grid: CTA c of a cluster holds
+            # threads c * cta_threads and up of each row.
+            tidx = tidx + bidx % self.cluster_ctas * self.cta_threads
+            bidx = bidx // self.cluster_ctas
         row_in_cta = tidx // self.threads_per_row
-        return row_in_cta, tidx % self.threads_per_row, bidx * self.cta_rows + row_in_cta
+        t = tidx % self.threads_per_row
+        return row_in_cta, t, bidx * self.cta_rows + row_in_cta
 
     def owns(self, j):
-        """Whether vector j, which some thread of the row holds, lies in the row (always, unless ragged)."""
+        """Whether vector j of some thread lies in the row (always, unless ragged)."""
         return not self.ragged or j < self.num_vecs
 
     def clamp(self, j):
-        """Vector j, or the row's last vector where j is past a ragged row's end: an address any thread may load."""
-        return cutlass.min(j, self.num_vecs - 1) if self.ragged else j
-
-    def staged_bytes(self, num_tokens, first_row):
-        """The bytes a bulk copy of the rows_per_cta rows from first_row brings in: only those that exist."""
-        return cutlass.max(cutlass.min(num_tokens - first_row, self.rows_per_cta), 0) * (self.hidden * self.elem_bytes)
+        """Vector j, or the row's last where j is past a ragged end: safe to load."""
+        if self.ragged:
+            return cutlass.min(j, self.num_vecs - 1)
+        return j
 
     def __str__(self) -> str:
-        """A short tag: CuteDSL names a kernel after its compile-time arguments and cuts the name at 180 characters."""
-        return (f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}r{self.rows_per_cta}"
-                f"q{self.rows_in_sequence}c{self.cluster_ctas}m{self.min_ctas_per_sm}k{self.vecs_per_thread}"
-                f"_w{'early' if self.early_weight else 'late'}_{self.arrival.replace('.', '')}")
+        """A short tag: CuteDSL names a kernel after it and cuts names at 180 characters."""
+        weight = "early" if self.early_weight else "late"
+        return (
+            f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}"
+            f"r{self.rows_per_cta}q{self.rows_in_sequence}c{self.cluster_ctas}"
+            f"m{self.min_ctas_per_sm}k{self.vecs_per_thread}"
+            f"_w{weight}_{self.arrival.replace('.', '')}"
+        )
 
     def describe(self) -> str:
         """One line for a reader: how a row is split and how it arrives."""
-        rows = (f"each row over a cluster of {self.cluster_ctas} CTAs" if self.cluster_ctas > 1 else
-                f"{self.cta_rows} rows/CTA in turn" if self.rows_in_sequence > 1 else
-                f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA")
-        where = {"registers": "X in registers", "cp.async": "X staged by cp.async", "bulk": "X staged by bulk copy"}
-        bound = f", launch bound {self.min_ctas_per_sm} CTAs/SM" if self.min_ctas_per_sm else ""
-        vectors = f"{self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}-bit"
-        return (f"{self.threads_per_row} threads/row x {vectors}, {rows}, {where[self.arrival]}, "
-                f"W {'first' if self.early_weight else 'late'}{bound}")
-
-
-def whole_row(tensor, r):
-    """Row r of X or of sX as one run of hidden elements: a bulk copy of it is one instruction, not one per vector."""
-    row = tensor[r, None, None]
-    return cute.make_tensor(row.iterator, cute.make_layout(cute.size(row)))
-
-
-@cute.jit
-def request_rows(plan: cutlass.Constexpr, smem, mX, first_row, row_in_cta, t, num_tokens):
-    """Step 1, staged plans: all rows of the CTA on their way into shared memory at once, later ones arriving while
-    earlier ones are reduced and stored. Returns (sX, the rows' mbarriers), or (None, None)."""
-    sX, rows_in = None, None
-    if cutlass.const_expr(plan.arrival != "registers"):  # slot i * rows_per_cta + row_in_cta: row i of a slot
-        sX = smem.allocate_tensor(mX.element_type, cute.make_layout(
-            (plan.cta_rows, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec)), 16)
-    if cutlass.const_expr(plan.arrival == "cp.async"):
-        # Each thread copies its own vectors, 16 bytes per cp.async.cg (through L2 only), a commit group per row.
-        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mX.element_type,
-                                  num_bits_per_copy=VECTOR_BYTES * 8)
-        for i in cutlass.range_constexpr(plan.rows_in_sequence):
-            row = first_row + i * plan.rows_per_cta
-            if row < num_tokens:
-                for k in cutlass.range_constexpr(plan.vecs_per_thread):
-                    j = t + k * plan.threads_per_row
-                    if plan.owns(j):
-                        cute.copy(g2s, mX[row, None, j], sX[i * plan.rows_per_cta + row_in_cta, None, j])
-            cute.arch.cp_async_commit_group()
-    if cutlass.const_expr(plan.arrival == "bulk"):
-        # One thread hands each row whole to the SM's bulk-copy unit (TMA's cp.async.bulk) and an mbarrier per row
-        # in sequence counts its bytes in: no thread spends instructions on X's addresses.
-        rows_in = smem.allocate_array(cutlass.Int64, plan.rows_in_sequence)
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            for i in cutlass.range_constexpr(plan.rows_in_sequence):
-                cute.arch.mbarrier_init(rows_in + i, 1)  # one arrival: thread 0's, with the bytes to expect
-            cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()  # no thread waits on an mbarrier before thread 0 has set it up
-        if tidx == 0:
-            bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), mX.element_type)
-            for i in cutlass.range_constexpr(plan.rows_in_sequence):
-                first = first_row + i * plan.rows_per_cta  # thread 0's row_in_cta is 0
-                cute.arch.mbarrier_arrive_and_expect_tx(rows_in + i, plan.staged_bytes(num_tokens, first))
-                for r in cutlass.range_constexpr(plan.rows_per_cta):
-                    if first + r < num_tokens:
-                        cute.copy(bulk, whole_row(mX, first + r), whole_row(sX, i * plan.rows_per_cta + r),
-                                  mbar_ptr=rows_in + i)
-    return sX, rows_in
+        if self.cluster_ctas > 1:
+            rows = f"each row over a cluster of {self.cluster_ctas} CTAs"
+        elif self.rows_in_sequence > 1:
+            rows = f"{self.cta_rows} rows/CTA in turn"
+        else:
+            rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
+        where = {
+            "registers": "X in registers",
+            "cp.async": "X staged by cp.async",
+            "bulk": "X staged by bulk copy",
+        }[self.arrival]
+        bound = ""
+        if self.min_ctas_per_sm:
+            bound = f", launch bound {self.min_ctas_per_sm} CTAs/SM"
+        vectors = (
+            f"{self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}-bit"
+        )
+        weight = "first" if self.early_weight else "late"
+        return (
+            f"{self.threads_per_row} threads/row x {vectors}, {rows}, {where}, "
+            f"W {weight}{bound}"
+        )
 
 
 @cute.jit
-def load_columns(plan: cutlass.Constexpr, t, columns, ks: cutlass.Constexpr):
-    """Vectors ks of thread t of each (view, registers) of per-column inputs such as W. Loaded first, every thread
-    loads every slot, past a ragged row's end the last vector again: ptxas issues a checked load only once X is in."""
-    for k in ks:
-        j = t + k * plan.threads_per_row
-        for view, regs in columns:
-            if cutlass.const_expr(plan.early_weight):
-                cute.autovec_copy(view[None, plan.clamp(j)], regs[None, k])
-            else:
-                if plan.owns(j):
-                    cute.autovec_copy(view[None, j], regs[None, k])
+def load_columns(plan: cutlass.Constexpr, t, columns, k: cutlass.Constexpr):
+    """Vector k of thread t of each per-column input: (view, registers) pairs, W alone here.
 
-
-@cute.jit
-def row_to_registers(plan: cutlass.Constexpr, i, t, tXrX, mX, row, sX, slot, rows_in, row_ok, columns):
-    """Step 1: thread t's vectors of row `row` of X in tXrX (zeros stay where it owns none): from DRAM, each of
-    `columns` (W, where it comes first) just before X's; or staged, from sX slot `slot` once row i is in."""
-    if cutlass.const_expr(plan.arrival == "registers"):
-        for k in cutlass.range_constexpr(plan.vecs_per_thread):
-            load_columns(plan, t, columns, (k,))
-            j = t + k * plan.threads_per_row
+    The only code that reads W. Loaded first, every thread loads every slot
+    (past a ragged end, the last vector again), so ptxas need not wait for a
+    bounds check before issuing the load.
+    """
+    j = t + k * plan.threads_per_row
+    for view, regs in columns:
+        if cutlass.const_expr(plan.early_weight):
+            cute.autovec_copy(view[None, plan.clamp(j)], regs[None, k])
+        else:
             if plan.owns(j):
-                if row_ok:
-                    cute.autovec_copy(mX[row, None, j], tXrX[None, k])
-    else:
-        if cutlass.const_expr(plan.arrival == "bulk"):
-            cute.arch.mbarrier_wait(rows_in + i, 0)  # phase 0 ends once this row's bytes are all in
-        else:  # commit groups complete in order: once no more are pending than rows after this one, it is in
-            cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
-        if row_ok:
-            for k in cutlass.range_constexpr(plan.vecs_per_thread):
-                j = t + k * plan.threads_per_row
-                if plan.owns(j):
-                    cute.autovec_copy(sX[slot, None, j], tXrX[None, k])
+                cute.autovec_copy(view[None, j], regs[None, k])
+
+
+@cute.jit
+def load_row(plan: cutlass.Constexpr, t, row, row_ok, x, columns):
+    """Step 1: thread t's vectors of X's row into registers, each after W's.
+
+    x is (mX, tXrX); zeros stay where the thread owns no vector. W's loads
+    go first, so that they are in flight with X's ([4] says where W is late).
+    """
+    mX, tXrX = x
+    for k in cutlass.range_constexpr(plan.vecs_per_thread):
+        if cutlass.const_expr(plan.early_weight):
+            load_columns(plan, t, columns, k)
+        j = t + k * plan.threads_per_row
+        if plan.owns(j):
+            if row_ok:
+                cute.autovec_copy(mX[row, None, j], tXrX[None, k])
 
 
 @cute.jit
 def sum_of_squares(tXrX):
-    """Step 2: this thread's sum of x^2 in FP32; across its vectors first, then within one, so that the chain of
-    dependent adds is vecs_per_thread + vec long, not their product."""
+    """Step 2: this thread's sum of x^2 in FP32.
+
+    Across its vectors first, then within one: the chain of dependent adds is
+    vecs_per_thread + vec long, not their product.
+    """
     x = tXrX.load().to(Float32)
-    lane_sums = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1))
+    squares = x * x
+    lane_sums = squares.reduce(
+        cute.ReductionOp.ADD, Float32(0.0), reduction_profile=(None, 1)
+    )
     return lane_sums.reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
 
 @cute.jit
 def row_sum_buffers(plan: cutlass.Constexpr, smem, reductions: cutlass.Constexpr):
-    """Step 3's shared memory for a CTA that reduces `reductions` times: an FP32 sum per warp of each row slot, in up
-    to two sets used in turn, and over a cluster an mbarrier per set that counts the sums sent in."""
-    sets, sSum, sums_in = min(2, reductions), None, None
+    """Step 3's shared memory: an FP32 sum per warp of each row slot.
+
+    Up to two sets, used in turn by a CTA that reduces `reductions` times;
+    a cluster plan adds the mbarriers its sums arrive on ([3]).
+    """
+    sets = min(2, reductions)
+    sSum = None
     if cutlass.const_expr(plan.warps_per_row > 1):
-        sSum = smem.allocate_tensor(Float32, cute.make_layout((plan.warps_per_row, plan.rows_per_cta, sets)), 16)
+        layout = cute.make_layout((plan.warps_per_row, plan.rows_per_cta, sets))
+        sSum = smem.allocate_tensor(Float32, layout, 16)
+    sums_in = None
     if cutlass.const_expr(plan.cluster_ctas > 1):
-        sums_in = smem.allocate_array(cutlass.Int64, sets)
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            for s in cutlass.range_constexpr(sets):
-                cute.arch.mbarrier_init(sums_in + s, 1)  # one arrival: thread 0's, with the bytes to expect
-            cute.arch.mbarrier_init_fence()  # makes the barriers visible to the cluster's other CTAs
-        cute.arch.cluster_arrive_relaxed()  # this CTA has started; row_sum waits until all have
+        sums_in = cluster_sum_barriers(smem, sets)
     return sSum, sums_in
 
 
 @cute.jit
 def row_sum(plan: cutlass.Constexpr, partial, sums, n: cutlass.Constexpr, row_in_cta, t):
-    """Step 3: the sum of `partial` over the row in every thread of it: a warp shuffle, then lane 0's sums through
-    shared memory (over a cluster, every CTA's). n counts the CTA's earlier reductions: the set and the phase."""
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=min(plan.threads_per_row, WARP_THREADS))
+    """Step 3: the row's sum of `partial`, in every thread of the row.
+
+    A warp shuffle adds 32 threads' partials; lane 0 of each warp writes the
+    warp's sum to shared memory, and after one barrier every thread adds
+    those few sums itself. n counts the CTA's earlier reductions.
+    """
+    lanes = min(plan.threads_per_row, WARP_THREADS)
+    total = cute.arch.warp_reduction_sum(partial, threads_in_group=lanes)
     if cutlass.const_expr(plan.warps_per_row > 1):
         sSum, sums_in = sums
         sets = cute.size(sSum, mode=[2])
-        s = n % sets
+        s = n % sets  # two sets in turn: a new sum never overwrites one being read
         if cutlass.const_expr(plan.cluster_ctas > 1):
-            # Lane c of each warp sends the warp's sum to CTA c (st.async, as a 32-bit word), and each CTA's
-            # mbarrier counts the 4 bytes that arrive from every warp of the row.
-            if cutlass.const_expr(n == 0):
-                cute.arch.cluster_wait()  # every CTA has started and set up its mbarriers: safe to write to
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(sums_in + s, 4 * plan.warps_per_row)
-            if t % WARP_THREADS < plan.cluster_ctas:
-                mine = sSum.iterator + cute.crd2idx((t // WARP_THREADS, row_in_cta, s), sSum.layout)
-                cute.arch.store_async_dsmem(mine, total.bitcast(Int32), sums_in + s, t % WARP_THREADS)
-            cute.arch.mbarrier_wait(sums_in + s, n // sets % 2)
+            send_sum_to_cluster(plan, total, sSum, sums_in, n, row_in_cta, t)
         else:
             if t % WARP_THREADS == 0:
                 sSum[t // WARP_THREADS, row_in_cta, s] = total
             cute.arch.barrier()
         total = Float32(0.0)
-        for w in cutlass.range_constexpr(plan.warps_per_row):  # a few shared-memory reads, no second barrier
+        # A few shared-memory reads, and no second barrier.
+        for w in cutlass.range_constexpr(plan.warps_per_row):
             total = total + sSum[w, row_in_cta, s]
     return total
 
 
 @cute.jit
 def inverse_rms(plan: cutlass.Constexpr, total, epsilon: cutlass.Constexpr):
-    """Step 4: 1 / sqrt(total / hidden + epsilon). With a normal epsilon the argument is never subnormal, so the
-    flush-to-zero rsqrt gives the same value without the guard ptxas puts around the plain one."""
-    mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1 / hidden folds to a constant
-    return cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True) if epsilon >= FLT_MIN else cute.math.rsqrt(mean_sq_eps)
+    """Step 4: 1 / sqrt(total / hidden + epsilon).
+
+    With epsilon a normal float32 the argument is never subnormal, so the
+    flush-to-zero rsqrt returns the same value without the plain one's guard.
+    """
+    mean_sq_eps = total * (1.0 / plan.hidden) + epsilon  # 1 / hidden is a constant
+    if cutlass.const_expr(epsilon >= FLT_MIN):
+        return cute.math.rsqrt(mean_sq_eps, approx=True, ftz=True)
+    return cute.math.rsqrt(mean_sq_eps)
 
 
 @cute.jit
-def store_row(plan: cutlass.Constexpr, normalize, tXrX, sX, slot, mY, row, row_ok, t):
-    """Step 5: y = normalize(x, k) in FP32 (k None: all the thread's vectors), cast once, stored as X came in. A
-    staged row reads X again from shared memory rather than keep its FP32 values live through Steps 3-4."""
-    if cutlass.const_expr(plan.arrival == "registers"):
+def store_row(plan: cutlass.Constexpr, normalize, x, mY, row, row_ok, t):
+    """Step 5: y = normalize(x, k) in FP32, cast once, stored as X came in.
+
+    x is (tXrX, sX, slot). With W first and X in registers, all the thread's
+    vectors at once (k None); otherwise vector by vector, which lets a late W
+    arrive one vector at a time and a staged row come again from shared
+    memory instead of being held through Steps 3-4.
+    """
+    tXrX, sX, slot = x
+    if cutlass.const_expr(plan.arrival == "registers" and plan.early_weight):
         tYrY = cute.make_rmem_tensor((plan.vec, plan.vecs_per_thread), mY.element_type)
-        tYrY.store(normalize(tXrX.load().to(Float32), None).to(mY.element_type))
+        y = normalize(tXrX.load().to(Float32), None)
+        tYrY.store(y.to(mY.element_type))
     if row_ok:
         for k in cutlass.range_constexpr(plan.vecs_per_thread):
             j = t + k * plan.threads_per_row
             if plan.owns(j):
-                if cutlass.const_expr(plan.arrival == "registers"):
+                if cutlass.const_expr(plan.arrival == "registers" and plan.early_weight):
                     cute.autovec_copy(tYrY[None, k], mY[row, None, j])
                 else:
-                    x = cute.make_rmem_tensor((plan.vec,), sX.element_type)
-                    cute.autovec_copy(sX[slot, None, j], x)
-                    y = cute.make_rmem_tensor((plan.vec,), mY.element_type)
-                    y.store(normalize(x.load().to(Float32), k).to(mY.element_type))
-                    cute.autovec_copy(y, mY[row, None, j])
+                    xk = tXrX[None, k]
+                    if cutlass.const_expr(plan.arrival != "registers"):
+                        xk = cute.make_rmem_tensor((plan.vec,), sX.element_type)
+                        cute.autovec_copy(sX[slot, None, j], xk)
+                    yk = cute.make_rmem_tensor((plan.vec,), mY.element_type)
+                    yk.store(normalize(xk.load().to(Float32), k).to(mY.element_type))
+                    cute.autovec_copy(yk, mY[row, None, j])
 
 
 @cute.kernel
-def rms_norm_kernel(x_ptr: cute.Pointer, w_ptr: cute.Pointer, num_tokens: Int32, y_ptr: cute.Pointer,
-                    plan: cutlass.Constexpr, epsilon: cutlass.Constexpr):
-    # (X, W, num_tokens, Y) in the order TensorRT's ahead-of-time launcher passes arguments, so one PTX serves both
-    # plugin flavors. A static row stride and (vec, num_vecs) rows prove every access 16-byte aligned (128-bit).
-    rows = cute.make_layout((num_tokens, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec))
-    mX, mY = cute.make_tensor(x_ptr, rows), cute.make_tensor(y_ptr, rows)
-    mW = cute.make_tensor(w_ptr, cute.make_layout((plan.vec, plan.num_vecs), stride=(1, plan.vec)))
+def rms_norm_kernel(
+    x_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    num_tokens: Int32,
+    y_ptr: cute.Pointer,
+    plan: cutlass.Constexpr,
+    epsilon: cutlass.Constexpr,
+):
+    # Arguments in the order of TensorRT's ahead-of-time launcher, so that one
+    # PTX serves both plugin flavors. A static row stride and (vec, num_vecs)
+    # rows prove every access 16-byte aligned, hence 128-bit.
+    rows = cute.make_layout(
+        (num_tokens, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec)
+    )
+    mX = cute.make_tensor(x_ptr, rows)
+    mY = cute.make_tensor(y_ptr, rows)
+    columns_layout = cute.make_layout((plan.vec, plan.num_vecs), stride=(1, plan.vec))
+    mW = cute.make_tensor(w_ptr, columns_layout)
+
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     row_in_cta, t, first_row = plan.thread_slot(tidx, bidx)
-    tXrX, tWrW = (cute.make_rmem_tensor((plan.vec, plan.vecs_per_thread), m.element_type) for m in (mX, mW))
-    tXrX.fill(0.0)  # what a thread does not own stays zero
+    register_shape = (plan.vec, plan.vecs_per_thread)
+    tXrX = cute.make_rmem_tensor(register_shape, mX.element_type)
+    tWrW = cute.make_rmem_tensor(register_shape, mW.element_type)
+    tXrX.fill(0.0)  # what a thread owns no vector of stays zero
     tWrW.fill(0.0)
-    columns = ((mW, tWrW),)  # per-column inputs: W (a LayerNorm's bias would join it here)
+    # Per-column inputs: (view, registers). A LayerNorm's bias joins W here.
+    columns = ((mW, tWrW),)
     smem = cutlass.memory.SmemAllocator()
 
-    # Before any thread waits: a staged plan requests all its rows (Step 1), and W where W comes first.
-    sX, rows_in = request_rows(plan, smem, mX, first_row, row_in_cta, t, num_tokens)
-    if cutlass.const_expr(plan.early_weight and plan.arrival != "registers"):
-        load_columns(plan, t, columns, range(plan.vecs_per_thread))
-    sums = row_sum_buffers(plan, smem, plan.rows_in_sequence)  # one reduction per row
-    with_x = columns if plan.early_weight and plan.arrival == "registers" else ()  # W requested with X
+    staged = stage_rows(plan, smem, mX, first_row, row_in_cta, t, num_tokens)
+    sums = row_sum_buffers(plan, smem, plan.rows_in_sequence)  # one sum per row
 
-    for i in cutlass.range_constexpr(plan.rows_in_sequence):  # one row per slot, unless the plan stages more
-        row, slot = first_row + i * plan.rows_per_cta, i * plan.rows_per_cta + row_in_cta
-        row_ok = row < num_tokens  # the last CTA's spare slots read no X and store nothing
-        row_to_registers(plan, i, t, tXrX, mX, row, sX, slot, rows_in, row_ok, with_x)   # Step 1
-        total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)                # Steps 2 and 3
-        rstd = inverse_rms(plan, total, epsilon)                                            # Step 4
-        if cutlass.const_expr(not plan.early_weight and i == 0):  # W after the reduction
-            load_columns(plan, t, columns, range(plan.vecs_per_thread))
+    # One row per slot, unless a staged plan ([3]) normalizes several in turn.
+    for i in cutlass.range_constexpr(plan.rows_in_sequence):
+        row = first_row + i * plan.rows_per_cta
+        slot = i * plan.rows_per_cta + row_in_cta
+        row_ok = row < num_tokens  # the last CTA's spare slots load and store nothing
+        if cutlass.const_expr(plan.arrival == "registers"):
+            load_row(plan, t, row, row_ok, (mX, tXrX), columns)  # Step 1
+        else:
+            unstage_row(plan, t, i, row_ok, staged, slot, tXrX, columns)
+        total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)  # Steps 2-3
+        rstd = inverse_rms(plan, total, epsilon)  # Step 4
 
-        def normalize(x, k):  # FP32 vector k of X (None: all of the thread's vectors) -> FP32 Y
+        def normalize(x, k):
+            """FP32 vector k of X (None: all the thread's) to FP32 Y."""
+            if cutlass.const_expr(not plan.early_weight):
+                load_columns(plan, t, columns, k)  # W late: just before its use
             return x * rstd * tWrW[None, k].load().to(Float32)
 
-        store_row(plan, normalize, tXrX, sX, slot, mY, row, row_ok, t)                     # Step 5
+        store_row(plan, normalize, (tXrX, staged[0], slot), mY, row, row_ok, t)  # Step 5
 
 
-# %% [3] Tuning: which plan runs which shape ---------------------------------------
-# Every tuned number is here; benchmarks/NOTES.md says how each was chosen, with its command and what it beat.
-# A row picks a line of ROW_PLANS by its bytes, the call's token count n one of the line's plans; the launcher ([4])
-# holds a kernel for each (`--plans --hidden-dim H` prints them):
+# %% [3] Speed layers: staged rows and clusters ----------------------------------
+# The kernel above is complete. These layers change only how a row arrives
+# (Step 1) and where its sum is added (Step 3); [4] picks them per shape.
 #
-#   plan     token counts                X arrives by                  why it wins there
-#   cluster  n <= cluster rows, sm_90+   registers                     too few rows for every SM: CLUSTER_CTAS
-#                                                                      CTAs, one per SM, share each row
-#   few      n <= FEW_TOKENS             registers, W first            one row per SM: the shortest chain wins
-#   mid      MID_TOKENS < n <= mid rows  cp.async; bulk copy for rows  a few rows per SM: two per CTA, the first
-#                                        over BULK_ROW_BYTES (sm_90+)  stored while the second arrives
-#   many     every other n               the line's own plan           (16 KB rows over 2 CTAs above mid rows)
+# Staged rows. A thread that loads X into registers waits one DRAM round trip
+# per row. With a few rows per SM that wait is the whole kernel; so a staged
+# plan requests all its rows into shared memory first, and a CTA reduces and
+# stores one row while the next arrives. cp.async copies 16 bytes per thread
+# per instruction; on sm_90+ one thread hands a whole row to the bulk-copy
+# unit (TMA's cp.async.bulk) and an mbarrier counts its bytes in.
 #
-# For an adapter: R marks numbers set by RMSNorm's registers (X and W held through one reduction), T by its traffic
-# (X read once, Y written once). `python3 support/check_kernel.py COPY.py` reports each plan's spills and CTAs/SM.
+# Clusters. With fewer rows than SMs, most SMs idle; a cluster of CTAs on
+# several SMs shares each row, and each CTA sends its warps' sums into the
+# others' shared memory (st.async), where an mbarrier counts them in.
 
 
-@dataclass(frozen=True)
+def whole_row(tensor, r):
+    """Row r of X or of sX as one run of elements: one bulk copy, not one per vector."""
+    row = tensor[r, None, None]
+    return cute.make_tensor(row.iterator, cute.make_layout(cute.size(row)))
+
+
+def staged_bytes(plan, num_tokens, first_row):
+    """The bytes a bulk copy of the rows_per_cta rows from first_row brings: those that exist."""
+    rows = cutlass.max(cutlass.min(num_tokens - first_row, plan.rows_per_cta), 0)
+    return rows * (plan.hidden * plan.elem_bytes)
+
+
+@cute.jit
+def stage_rows(plan: cutlass.Constexpr, smem, mX, first_row, row_in_cta, t, num_tokens):
+    """Step 1 of a staged plan, first half: every row of the CTA requested at once.
+
+    Returns (sX, the rows' mbarriers), or (None, None) for X in registers.
+    Slot i * rows_per_cta + row_in_cta of sX holds row i of a slot.
+    """
+    sX = None
+    rows_in = None
+    if cutlass.const_expr(plan.arrival != "registers"):
+        layout = cute.make_layout(
+            (plan.cta_rows, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec)
+        )
+        sX = smem.allocate_tensor(mX.element_type, layout, 16)
+    if cutlass.const_expr(plan.arrival == "cp.async"):
+        copy_rows_by_vector(plan, mX, sX, first_row, row_in_cta, t, num_tokens)
+    if cutlass.const_expr(plan.arrival == "bulk"):
+        rows_in = smem.allocate_array(cutlass.Int64, plan.rows_in_sequence)
+        copy_rows_in_bulk(plan, mX, sX, rows_in, first_row, num_tokens)
+    return sX, rows_in
+
+
+@cute.jit
+def copy_rows_by_vector(plan: cutlass.Constexpr, mX, sX, first_row, row_in_cta, t, num_tokens):
+    """Each thread copies its own vectors, 16 bytes per cp.async.cg (through L2 only).
+
+    One commit group per row: groups complete in order, so a thread can wait
+    for row i while later rows are still on their way.
+    """
+    g2s = cute.make_copy_atom(
+        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+        mX.element_type,
+        num_bits_per_copy=VECTOR_BYTES * 8,
+    )
+    for i in cutlass.range_constexpr(plan.rows_in_sequence):
+        row = first_row + i * plan.rows_per_cta
+        slot = i * plan.rows_per_cta + row_in_cta
+        if row < num_tokens:
+            for k in cutlass.range_constexpr(plan.vecs_per_thread):
+                j = t + k * plan.threads_per_row
+                if plan.owns(j):
+                    cute.copy(g2s, mX[row, None, j], sX[slot, None, j])
+        cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def copy_rows_in_bulk(plan: cutlass.Constexpr, mX, sX, rows_in, first_row, num_tokens):
+    """Thread 0 hands each row whole to the bulk-copy unit; mbarrier i counts row i's bytes.
+
+    No thread spends instructions on X's addresses.
+    """
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        for i in cutlass.range_constexpr(plan.rows_in_sequence):
+            cute.arch.mbarrier_init(rows_in + i, 1)  # one arrival: thread 0's
+        cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()  # no thread waits on an mbarrier before it is set up
+    if tidx == 0:
+        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), mX.element_type)
+        for i in cutlass.range_constexpr(plan.rows_in_sequence):
+            first = first_row + i * plan.rows_per_cta  # thread 0's row_in_cta is 0
+            expected = staged_bytes(plan, num_tokens, first)
+            cute.arch.mbarrier_arrive_and_expect_tx(rows_in + i, expected)
+            for r in cutlass.range_constexpr(plan.rows_per_cta):
+                if first + r < num_tokens:
+                    slot = i * plan.rows_per_cta + r
+                    cute.copy(
+                        bulk,
+                        whole_row(mX, first + r),
+                        whole_row(sX, slot),
+                        mbar_ptr=rows_in + i,
+                    )
+
+
+@cute.jit
+def unstage_row(plan: cutlass.Constexpr, t, i, row_ok, staged, slot, tXrX, columns):
+    """Step 1 of a staged plan, second half: once row i is in, its vectors into registers.
+
+    W, where it comes first, is loaded before the first wait.
+    """
+    sX, rows_in = staged
+    if cutlass.const_expr(plan.early_weight and i == 0):
+        for k in cutlass.range_constexpr(plan.vecs_per_thread):
+            load_columns(plan, t, columns, k)
+    if cutlass.const_expr(plan.arrival == "bulk"):
+        cute.arch.mbarrier_wait(rows_in + i, 0)  # phase 0 ends with the row's last byte
+    else:
+        # Groups complete in order: with no more pending than rows after i, row i is in.
+        cute.arch.cp_async_wait_group(plan.rows_in_sequence - 1 - i)
+    if row_ok:
+        for k in cutlass.range_constexpr(plan.vecs_per_thread):
+            j = t + k * plan.threads_per_row
+            if plan.owns(j):
+                cute.autovec_copy(sX[slot, None, j], tXrX[None, k])
+
+
+@cute.jit
+def cluster_sum_barriers(smem, sets: cutlass.Constexpr):
+    """An mbarrier per set of sums, set up before any CTA of the cluster sends one."""
+    sums_in = smem.allocate_array(cutlass.Int64, sets)
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        for s in cutlass.range_constexpr(sets):
+            cute.arch.mbarrier_init(sums_in + s, 1)  # one arrival: thread 0's
+        cute.arch.mbarrier_init_fence()  # visible to the cluster's other CTAs
+    cute.arch.cluster_arrive_relaxed()  # this CTA has started; row_sum waits for all
+    return sums_in
+
+
+@cute.jit
+def send_sum_to_cluster(plan: cutlass.Constexpr, total, sSum, sums_in, n: cutlass.Constexpr,
+                        row_in_cta, t):
+    """Lane c of each warp sends the warp's sum to CTA c of the cluster (st.async).
+
+    Each CTA's mbarrier counts the 4 bytes that arrive from every warp of the
+    row; once they are in, every CTA holds all the row's warp sums.
+    """
+    sets = cute.size(sSum, mode=[2])
+    s = n % sets
+    if cutlass.const_expr(n == 0):
+        cute.arch.cluster_wait()  # every CTA has set up its mbarriers
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(sums_in + s, 4 * plan.warps_per_row)
+    lane = t % WARP_THREADS
+    if lane < plan.cluster_ctas:
+        index = cute.crd2idx((t // WARP_THREADS, row_in_cta, s), sSum.layout)
+        cute.arch.store_async_dsmem(
+            sSum.iterator + index, total.bitcast(Int32), sums_in + s, lane
+        )
+    cute.arch.mbarrier_wait(sums_in + s, n // sets % 2)
+
+
+# %% [4] Tuning: which plan runs which shape --------------------------------------
+# Two kinds of number decide a plan.
+#
+# Register numbers are not tuned: they follow from what a thread holds, by
+# fit_registers(). Its inputs are the three constants below, the only ones
+# an adapter of the math changes here. A launch bound or W first is kept
+# only where what the thread then holds fits the registers left to it.
+#
+# Traffic and latency numbers were timed on the H200 (benchmarks/NOTES.md
+# says against what) and hold for any op that reads each row once: ROW_PLANS
+# and the thresholds after it. A row picks a line of ROW_PLANS by its bytes,
+# the call's token count n one of the line's plans:
+#
+#   plan     token counts            X arrives by         why it wins there
+#   cluster  n <= cluster rows       registers            too few rows for the
+#            (sm_90+)                                     SMs: CTAs on several
+#                                                         SMs share each row
+#   few      n <= FEW_TOKENS         registers, W first   about one row per SM:
+#                                                         the shortest chain
+#   mid      MID_TOKENS < n          cp.async; bulk copy  a few rows per SM:
+#            <= mid rows             over BULK_ROW_BYTES  one stored while the
+#                                    (sm_90+)             next arrives
+#   many     every other n           the line's own plan
+#
+# `--plans --hidden-dim H` prints the schedule; support/check_kernel.py
+# compiles every plan and reports registers, spills and CTAs per SM.
+
+# What one thread holds through the row's reductions, besides X.
+COLUMN_INPUTS = 1  # per-column inputs held like W (a LayerNorm's bias: 2)
+REDUCTIONS = 1  # row sums per row: x^2 (a LayerNorm's mean and variance: 2)
+STAGED_INPUTS = 1  # row inputs a staged plan keeps in shared memory: X
+
+# Hardware facts the rule reads (every GPU of compute capability 8.0+).
+REGISTERS_PER_SM = 65536
+MAX_THREAD_REGISTERS = 255
+MAX_SM_THREADS = 2048
+# Shared memory one CTA may use: sm_90's 227 KB, and before it the least of
+# sm_80's 163 KB and sm_86/sm_89's 99 KB.
+CTA_SHARED_BYTES = {True: 227 * 1024, False: 99 * 1024}
+# Registers the kernel spends besides what it holds: indices, addresses and
+# sums. The most the sample's tightest plans leave (hidden 1024 under its
+# launch bound; the mid plans of 480+ threads) in ptxas -v.
+OTHER_REGISTERS = 28
+
+
+@dataclasses.dataclass(frozen=True)
 class RowPlan:
-    """One line of ROW_PLANS: how rows of at most max_row_bytes bytes are split, for each range of token counts."""
+    """One line of ROW_PLANS: the plans for rows of at most max_row_bytes."""
 
     max_row_bytes: int
-    arrival: str              # many rows: "registers" or "cp.async" (only with 16-byte vectors, else registers)
-    vecs_per_thread: int      # R, many rows
-    early_weight: bool        # R, many rows: W with X, or after the reduction
-    min_cta_threads: int      # T: short rows share a CTA until it has this many threads
-    min_ctas_per_sm: int = 0  # R, many rows: a launch bound (ptxas otherwise issues W's loads after X's arrive)
-    few_vecs: int = 0         # R, few rows: vectors per thread (0: no few-token plan)
-    mid: tuple = (0, 0)       # T, R: (most rows, vectors per thread) of the mid plan ((0, 0): none)
-    cluster: tuple = (0, 0)   # T, R: (most rows, vectors per thread) of the cluster plan ((0, 0): none)
-    many_ctas: int = 1        # T, many rows: above mid rows, a cluster of this many CTAs shares each row
+    arrival: str  # many rows: "registers" or "cp.async" (16-byte vectors only)
+    vecs_per_thread: int  # many rows: bytes in flight per thread
+    early_weight: bool  # many rows: W first where it fits (else late)
+    min_cta_threads: int  # short rows share a CTA until it has this many threads
+    min_ctas_per_sm: int = 0  # many rows: a launch bound, where it fits
+    few_vecs: int = 0  # few rows: vectors per thread (0: no few-token plan)
+    mid: tuple = (0, 0)  # (most rows, vectors per thread) of the mid plan
+    cluster: tuple = (0, 0)  # (most rows, vectors per thread) of the cluster plan
+    many_ctas: int = 1  # above mid rows, a cluster of this many CTAs per row
 
 
 ROW_PLANS = (
-    RowPlan(256, "registers", 2, False, 256),                            # short rows share warps
-    RowPlan(2048, "registers", 2, True, 128, min_ctas_per_sm=8),
-    RowPlan(3071, "registers", 2, True, 128),
-    RowPlan(3072, "registers", 2, True, 128, min_ctas_per_sm=8),  # exactly 3 KB: hidden 1536
-    RowPlan(4096, "registers", 2, True, 128),
-    RowPlan(8192, "cp.async", 2, True, 128, few_vecs=2, mid=(1024, 2)),  # bandwidth-bound from here on
-    RowPlan(15360, "cp.async", 4, True, 128, few_vecs=4, mid=(1024, 4)),
-    RowPlan(16384, "registers", 4, True, 128, few_vecs=4, mid=(1024, 4), cluster=(32, 4), many_ctas=2),
-    RowPlan(20480, "cp.async", 4, False, 128, few_vecs=4, mid=(4096, 4), cluster=(32, 2)),
-    RowPlan(32767, "cp.async", 8, False, 128, few_vecs=4, mid=(4096, 4), cluster=(32, 4)),
-    RowPlan(MAX_HIDDEN * 4, "registers", 4, False, 128, few_vecs=4, mid=(4096, 4), cluster=(128, 4)),
+    # Short rows share warps, and W waits until after the sum.
+    RowPlan(max_row_bytes=256, arrival="registers", vecs_per_thread=2,
+            early_weight=False, min_cta_threads=256),
+    RowPlan(max_row_bytes=2048, arrival="registers", vecs_per_thread=2,
+            early_weight=True, min_cta_threads=128, min_ctas_per_sm=8),
+    RowPlan(max_row_bytes=3071, arrival="registers", vecs_per_thread=2,
+            early_weight=True, min_cta_threads=128),
+    # Exactly 3 KB (hidden 1536 in 16 bits) gains from the bound, its
+    # neighbours do not.
+    RowPlan(max_row_bytes=3072, arrival="registers", vecs_per_thread=2,
+            early_weight=True, min_cta_threads=128, min_ctas_per_sm=8),
+    RowPlan(max_row_bytes=4096, arrival="registers", vecs_per_thread=2,
+            early_weight=True, min_cta_threads=128),
+    # Bandwidth-bound from here on: fewer rows than SMs happen.
+    RowPlan(max_row_bytes=8192, arrival="cp.async", vecs_per_thread=2,
+            early_weight=True, min_cta_threads=128,
+            few_vecs=2, mid=(1024, 2)),
+    RowPlan(max_row_bytes=15360, arrival="cp.async", vecs_per_thread=4,
+            early_weight=True, min_cta_threads=128,
+            few_vecs=4, mid=(1024, 4)),
+    RowPlan(max_row_bytes=16384, arrival="registers", vecs_per_thread=4,
+            early_weight=True, min_cta_threads=128,
+            few_vecs=4, mid=(1024, 4), cluster=(32, 4), many_ctas=2),
+    RowPlan(max_row_bytes=20480, arrival="cp.async", vecs_per_thread=4,
+            early_weight=False, min_cta_threads=128,
+            few_vecs=4, mid=(4096, 4), cluster=(32, 2)),
+    RowPlan(max_row_bytes=32767, arrival="cp.async", vecs_per_thread=8,
+            early_weight=False, min_cta_threads=128,
+            few_vecs=4, mid=(4096, 4), cluster=(32, 4)),
+    RowPlan(max_row_bytes=MAX_HIDDEN * 4, arrival="registers", vecs_per_thread=4,
+            early_weight=False, min_cta_threads=128,
+            few_vecs=4, mid=(4096, 4), cluster=(128, 4)),
 )
-FEW_TOKENS = 128          # T: calls of at most this many rows run the few-token plan
-MID_TOKENS = 384          # T: calls of more rows than this, up to the line's mid rows, run the mid plan
-CLUSTER_CTAS = 4          # T: CTAs, on as many SMs, that share each row in the cluster plan
-ROWS_IN_SEQUENCE = 2      # T: rows each CTA of the mid plan normalizes in turn
-BULK_ROW_BYTES = 8192     # T: on sm_90+ the mid plan's rows longer than this arrive by bulk copy
-MID_BOUND = (480, 2)      # R: mid plans of 480+ threads ask for 2 CTAs/SM, which ptxas misses by a few registers
+FEW_TOKENS = 128  # calls of at most this many rows run the few-token plan
+MID_TOKENS = 384  # calls of more rows, up to the line's mid rows, run the mid plan
+CLUSTER_CTAS = 4  # CTAs, on as many SMs, that share each row in the cluster plan
+ROWS_IN_SEQUENCE = 2  # rows each CTA of the mid plan normalizes in turn
+BULK_ROW_BYTES = 8192  # on sm_90+, mid-plan rows longer than this arrive in bulk
+MID_BOUND = (480, 2)  # mid plans of 480+ threads ask for 2 CTAs/SM, where it fits
 
 
-def row_classes(elem_bytes: int) -> tuple:
-    """((fewest, most) hidden, ...): the row lengths each line of ROW_PLANS serves at elem_bytes per element."""
-    most = [min(MAX_HIDDEN, r.max_row_bytes // elem_bytes) for r in ROW_PLANS]
-    return tuple((low + 1, high) for low, high in zip([0] + most, most) if high > low)
+def registers_needed(plan: KernelPlan) -> int:
+    """The 32-bit registers a thread of the plan needs: OTHER_REGISTERS and what it holds.
+
+    Held through the reduction: X's vectors where X is in registers (or a
+    later reduction reads them), and the per-column inputs where they come
+    first, counted at 4 bytes an element. Held at the store: X, and the
+    columns (one vector at a time where they come late).
+    """
+    x_vector = math.ceil(plan.vec * plan.elem_bytes / 4)
+    column_vector = plan.vec * COLUMN_INPUTS
+    x_held = plan.arrival == "registers" or REDUCTIONS > 1
+    through = plan.vecs_per_thread * x_vector * x_held
+    if plan.early_weight:
+        through += plan.vecs_per_thread * column_vector
+    x_at_store = x_vector
+    if plan.arrival == "registers":
+        x_at_store = plan.vecs_per_thread * x_vector
+    columns_at_store = column_vector
+    if plan.early_weight:
+        columns_at_store = plan.vecs_per_thread * column_vector
+    return OTHER_REGISTERS + max(through, x_at_store + columns_at_store)
+
+
+def register_ceiling(plan: KernelPlan) -> int:
+    """The registers a thread may use: what the launch bound (or one CTA) leaves it."""
+    ctas = max(1, plan.min_ctas_per_sm)
+    per_thread = REGISTERS_PER_SM // (ctas * plan.cta_threads)
+    return min(MAX_THREAD_REGISTERS, per_thread // 8 * 8)  # allocated 8 at a time
+
+
+def fit_registers(plan: KernelPlan) -> KernelPlan:
+    """The plan, changed as little as it takes for what a thread holds to fit.
+
+    First W moves after the reduction (the occupancy stays); then the launch
+    bound goes (fewer CTAs per SM, which --plans shows). A bound more CTAs
+    than an SM holds could never be met, so it goes first.
+    """
+    if plan.min_ctas_per_sm * plan.cta_threads > MAX_SM_THREADS:
+        plan = dataclasses.replace(plan, min_ctas_per_sm=0)
+    if plan.early_weight and registers_needed(plan) > register_ceiling(plan):
+        plan = dataclasses.replace(plan, early_weight=False)
+    if plan.min_ctas_per_sm and registers_needed(plan) > register_ceiling(plan):
+        plan = dataclasses.replace(plan, min_ctas_per_sm=0)
+    return plan
+
+
+def staged_fits(plan: KernelPlan, sm90: bool) -> bool:
+    """Whether a staged plan's rows fit the shared memory one CTA may have."""
+    row_bytes = plan.hidden * plan.elem_bytes * STAGED_INPUTS
+    return plan.cta_rows * row_bytes <= CTA_SHARED_BYTES[sm90]
 
 
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
-    """Threads sharing a row: enough for vecs_per_thread vectors each, in whole warps (per CTA of a cluster of
-    `ctas`), not a power of two, so none sit half idle; under a warp, a power of two, so the shuffle stays inside."""
-    threads, step = math.ceil(num_vecs / vecs_per_thread), WARP_THREADS * ctas
+    """Threads sharing a row: enough for vecs_per_thread vectors each.
+
+    Whole warps (per CTA of a cluster of `ctas`), not a power of two, so none
+    sit half idle; under a warp a power of two, so the shuffle stays inside.
+    """
+    threads = math.ceil(num_vecs / vecs_per_thread)
     if threads <= WARP_THREADS and ctas == 1:
         return 1 << math.ceil(math.log2(threads))
+    step = WARP_THREADS * ctas
     return min(step * math.ceil(threads / step), MAX_CTA_THREADS * ctas)
 
 
@@ -468,46 +788,115 @@ def row_plan(hidden: int, elem_bytes: int) -> RowPlan:
     """The line of ROW_PLANS that serves a row of `hidden` elements of `elem_bytes` bytes."""
     if isinstance(hidden, bool) or not isinstance(hidden, (int, np.integer)):
         raise TypeError(f"hidden must be an integer, got {hidden!r}")
-    if not 1 <= hidden <= MAX_HIDDEN or type(elem_bytes) is not int or elem_bytes not in (2, 4):
-        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}] and elem_bytes 2 or 4, got {hidden} and {elem_bytes!r}")
+    size_ok = 1 <= hidden <= MAX_HIDDEN
+    if not size_ok or type(elem_bytes) is not int or elem_bytes not in (2, 4):
+        raise ValueError(
+            f"hidden must be in [1, {MAX_HIDDEN}] and elem_bytes 2 or 4, "
+            f"got {hidden} and {elem_bytes!r}"
+        )
     return next(r for r in ROW_PLANS if hidden * elem_bytes <= r.max_row_bytes)
 
 
-def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None, sm90: bool = True) -> KernelPlan:
-    """The plan for num_tokens rows (None: many), as the table says; sm90=False: no clusters or bulk copies (older
-    GPUs, the AOT flavor). A by-count plan holds X and W through Step 3: at most 512 threads a row (1024 clustered)."""
-    row = row_plan(hidden, elem_bytes)
+def row_classes(elem_bytes: int) -> tuple:
+    """((fewest, most) hidden, ...): the row lengths each line of ROW_PLANS serves."""
+    most = [min(MAX_HIDDEN, r.max_row_bytes // elem_bytes) for r in ROW_PLANS]
+    return tuple((low + 1, high) for low, high in zip([0] + most, most) if high > low)
+
+
+def vector_elements(hidden: int, elem_bytes: int) -> int:
+    """Elements per vector: 16 bytes' worth, halved until whole vectors tile the row."""
     vec = VECTOR_BYTES // elem_bytes
-    while hidden % vec:  # a vector never straddles two rows, so every row stays aligned
+    while hidden % vec:
         vec //= 2
-    num_vecs, whole = hidden // vec, vec * elem_bytes == VECTOR_BYTES  # whole: what cp.async and clusters need
+    return vec
+
+
+def split_row(hidden, elem_bytes, vecs_per_thread, line, ctas=1, **choices) -> KernelPlan:
+    """A plan whose threads hold vecs_per_thread vectors each, over `ctas` CTAs.
+
+    Short rows share a CTA until it has line.min_cta_threads threads.
+    """
+    vec = vector_elements(hidden, elem_bytes)
+    num_vecs = hidden // vec
+    threads = threads_for(num_vecs, vecs_per_thread, ctas)
+    rows_per_cta = 1
+    if ctas == 1:
+        rows_per_cta = max(1, line.min_cta_threads // threads)
+    return KernelPlan(
+        hidden=hidden,
+        elem_bytes=elem_bytes,
+        vec=vec,
+        threads_per_row=threads,
+        rows_per_cta=rows_per_cta,
+        vecs_per_thread=math.ceil(num_vecs / threads),
+        cluster_ctas=ctas,
+        **choices,
+    )
+
+
+def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
+                sm90: bool = True) -> KernelPlan:
+    """The plan for num_tokens rows (None: many), by the table in [4].
+
+    sm90=False: no clusters or bulk copies (older GPUs, the AOT flavor). The
+    by-count plans hold X and W through Step 3, so they take at most 512
+    threads a row (1024 over a cluster).
+    """
+    line = row_plan(hidden, elem_bytes)
+    vec = vector_elements(hidden, elem_bytes)
+    num_vecs = hidden // vec
+    whole = vec * elem_bytes == VECTOR_BYTES  # what cp.async and clusters need
     n = math.inf if num_tokens is None else num_tokens
-    fits = lambda vecs, most_threads: vecs > 0 and math.ceil(num_vecs / vecs) <= most_threads  # noqa: E731
-    # (arrival, vectors per thread, W first, rows in sequence, CTAs per row, launch bound)
-    spec = (row.arrival if whole else "registers", row.vecs_per_thread, row.early_weight, 1,
-            row.many_ctas if sm90 and whole and n > row.mid[0] else 1, row.min_ctas_per_sm)
-    if sm90 and whole and n <= row.cluster[0] and fits(row.cluster[1], MAX_CTA_THREADS):
-        spec = ("registers", row.cluster[1], True, 1, CLUSTER_CTAS, 0)
-    elif n <= FEW_TOKENS and fits(row.few_vecs, MAX_CTA_THREADS // 2):
-        spec = ("registers", row.few_vecs, True, 1, 1, 0)
-    elif whole and MID_TOKENS < n <= row.mid[0] and fits(row.mid[1], MAX_CTA_THREADS // 2):
-        bound = MID_BOUND[1] if threads_for(num_vecs, row.mid[1]) >= MID_BOUND[0] else 0
-        spec = ("bulk" if sm90 and hidden * elem_bytes > BULK_ROW_BYTES else "cp.async", row.mid[1], True,
-                ROWS_IN_SEQUENCE, 1, bound)
-    arrival, vecs, early_weight, in_sequence, ctas, bound = spec
-    threads = threads_for(num_vecs, vecs, ctas)
-    return KernelPlan(hidden, elem_bytes, vec, threads, max(1, row.min_cta_threads // threads) if ctas == 1 else 1,
-                      math.ceil(num_vecs / threads), arrival, early_weight, in_sequence, ctas, bound)
+
+    def fits(vecs, most_threads):
+        return vecs > 0 and math.ceil(num_vecs / vecs) <= most_threads
+
+    shape = (hidden, elem_bytes)
+    if sm90 and whole and n <= line.cluster[0] and fits(line.cluster[1], MAX_CTA_THREADS):
+        plan = split_row(*shape, line.cluster[1], line, ctas=CLUSTER_CTAS)
+        return fit_registers(plan)
+    if n <= FEW_TOKENS and fits(line.few_vecs, MAX_CTA_THREADS // 2):
+        return fit_registers(split_row(*shape, line.few_vecs, line))
+    if whole and MID_TOKENS < n <= line.mid[0] and fits(line.mid[1], MAX_CTA_THREADS // 2):
+        bulk = sm90 and hidden * elem_bytes > BULK_ROW_BYTES
+        threads = threads_for(num_vecs, line.mid[1])
+        plan = split_row(
+            *shape,
+            line.mid[1],
+            line,
+            arrival="bulk" if bulk else "cp.async",
+            rows_in_sequence=ROWS_IN_SEQUENCE,
+            min_ctas_per_sm=MID_BOUND[1] if threads >= MID_BOUND[0] else 0,
+        )
+        if staged_fits(plan, sm90):
+            return fit_registers(plan)
+    ctas = 1
+    if sm90 and whole and n > line.mid[0]:
+        ctas = line.many_ctas
+    plan = split_row(
+        *shape,
+        line.vecs_per_thread,
+        line,
+        ctas=ctas,
+        arrival=line.arrival if whole else "registers",
+        early_weight=line.early_weight,
+        min_ctas_per_sm=line.min_ctas_per_sm,
+    )
+    if plan.arrival != "registers" and not staged_fits(plan, sm90):
+        plan = dataclasses.replace(plan, arrival="registers")
+    return fit_registers(plan)
 
 
 def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple:
-    """((plan, ((fewer, most), ...)), ...): each plan the launcher compiles, and the counts in (fewer, most] it runs."""
-    row = row_plan(hidden, elem_bytes)
-    bounds = sorted({FEW_TOKENS, MID_TOKENS, row.mid[0], row.cluster[0] if sm90 else 0} - {0})
+    """((plan, ((fewer, most), ...)), ...): each plan and the counts in (fewer, most] it runs."""
+    line = row_plan(hidden, elem_bytes)
+    cluster_rows = line.cluster[0] if sm90 else 0
+    bounds = sorted({FEW_TOKENS, MID_TOKENS, line.mid[0], cluster_rows} - {0})
     schedule: dict = {}
     for fewer, most in zip([None] + bounds, bounds + [None]):
-        counts = schedule.setdefault(plan_kernel(hidden, elem_bytes, most, sm90), [])
-        if counts and counts[-1][1] == fewer:  # one range where two meet
+        plan = plan_kernel(hidden, elem_bytes, most, sm90)
+        counts = schedule.setdefault(plan, [])
+        if counts and counts[-1][1] == fewer:  # two ranges that meet become one
             fewer = counts.pop()[0]
         counts.append((fewer, most))
     return tuple((plan, tuple(counts)) for plan, counts in schedule.items())
@@ -515,47 +904,75 @@ def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple
 
 def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> list:
     """The schedule as a reader sees it: one line per plan, with the token counts it serves."""
-    return [", ".join(f"{(fewer or 0) + 1}-{most}" if most else f"{(fewer or 0) + 1}+" for fewer, most in counts)
-            + f" tokens: {plan.describe()}" for plan, counts in token_schedule(hidden, elem_bytes, sm90)]
+    lines = []
+    for plan, counts in token_schedule(hidden, elem_bytes, sm90):
+        spans = []
+        for fewer, most in counts:
+            first = (fewer or 0) + 1
+            spans.append(f"{first}-{most}" if most else f"{first}+")
+        lines.append(f"{', '.join(spans)} tokens: {plan.describe()}")
+    return lines
 
 
-# %% [4] The @cute.jit launcher ---------------------------------------------------
-# Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment and the schedule (each plan, its token counts).
-# At run time: the addresses, num_tokens and the stream; the host picks the plan from num_tokens, so one launcher
-# serves the whole profile. Each plan has one launch site: CuteDSL compiles a kernel once per launch site.
+# %% [5] The @cute.jit launcher ---------------------------------------------------
+# Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment and the
+# schedule. At run time: the addresses, num_tokens and the stream; the host
+# code picks the plan from num_tokens, so one launcher serves the whole
+# profile. Each plan has one launch site: CuteDSL compiles a kernel once per
+# launch site.
 
 
 def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
-    """Launch rms_norm_kernel with one plan: its grid, CTA size, cluster (if a row is split) and launch bound."""
-    options = {"cluster": [plan.cluster_ctas, 1, 1]} if plan.cluster_ctas > 1 else {}
-    if plan.min_ctas_per_sm:  # the carveout -1 (the driver's default) keeps CuteDSL from asking a GPU for its
-        options.update(min_blocks_per_mp=plan.min_ctas_per_sm, preferred_smem_carveout=-1)  # shared memory size
-    rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon).launch(
-        grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1], stream=stream, **options)
+    """Launch rms_norm_kernel with one plan: grid, CTA size, cluster and launch bound."""
+    options = {}
+    if plan.cluster_ctas > 1:
+        options["cluster"] = [plan.cluster_ctas, 1, 1]
+    if plan.min_ctas_per_sm:
+        options["min_blocks_per_mp"] = plan.min_ctas_per_sm
+        # -1, the driver's default carveout, keeps CuteDSL from asking the
+        # GPU for its shared-memory size at compile time.
+        options["preferred_smem_carveout"] = -1
+    kernel = rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon)
+    kernel.launch(
+        grid=[plan.grid(num_tokens), 1, 1],
+        block=[plan.cta_threads, 1, 1],
+        stream=stream,
+        **options,
+    )
 
 
 def serves(num_tokens, counts):
-    """Whether num_tokens is in a range (fewer, most] of counts (None: unbounded); a runtime Boolean on an Int32."""
+    """Whether num_tokens lies in a range (fewer, most] of counts: a run-time Boolean."""
     hit = None
     for fewer, most in counts:
-        term = (num_tokens > (fewer or 0)) & (num_tokens <= (most or 2**31 - 1))
+        above = num_tokens > (fewer or 0)
+        within = num_tokens <= (most or 2**31 - 1)
+        term = above & within
         hit = term if hit is None else hit | term
     return hit
 
 
 @cute.jit
-def rms_norm_launch(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, num_tokens: Int32, stream: cuda.CUstream,
-                    schedule: cutlass.Constexpr, epsilon: cutlass.Constexpr):
+def rms_norm_launch(
+    mX: cute.Tensor,
+    mW: cute.Tensor,
+    mY: cute.Tensor,
+    num_tokens: Int32,
+    stream: cuda.CUstream,
+    schedule: cutlass.Constexpr,
+    epsilon: cutlass.Constexpr,
+):
     for p in cutlass.range_constexpr(len(schedule)):
         plan, counts = schedule[p]
-        if cutlass.const_expr(len(schedule) == 1):  # one plan serves every count: no range test at run time
+        # One plan for every count needs no range test at run time.
+        if cutlass.const_expr(len(schedule) == 1):
             launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
         elif serves(num_tokens, counts):
             launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
 
 
 def validate_epsilon(value) -> float:
-    """Epsilon as the float32 value the kernel uses, or ValueError (flags, plugin fields, compile)."""
+    """Epsilon as the float32 value the kernel uses, or ValueError."""
     try:
         epsilon = struct.unpack("f", struct.pack("f", float(value)))[0]
     except OverflowError:  # beyond float32's range
@@ -568,50 +985,79 @@ def validate_epsilon(value) -> float:
 
 
 def is_sm90(arch: str) -> bool:
-    """Whether a compile target such as "sm_90a" is sm_90 or newer: it has thread-block clusters and bulk copies."""
+    """Whether a target such as "sm_90a" has thread-block clusters and bulk copies."""
     if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
-        raise ValueError(f"arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', got {arch!r}")
+        raise ValueError(
+            "arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', "
+            f"got {arch!r}"
+        )
     return cutlass.base_dsl.Arch[arch].major >= 9
 
 
 def gpu_arch() -> str:
-    """The current GPU's compile target, e.g. "sm_90a" (the "a" unlocks Hopper's and later GPUs' own instructions)."""
+    """The current GPU's target, e.g. "sm_90a" (the "a": Hopper's own instructions)."""
     major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
 
 
-_COMPILED, _COMPILE_LOCK = {}, threading.Lock()  # the launchers compiled in this process
+def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: str,
+                     keep_ptx: bool = False):
+    """rms_norm_launch for one schedule, dtype pair, epsilon and arch, on fake tensors.
+
+    No GPU needed. keep_ptx: the PTX in .__ptx__. support/check_kernel.py
+    compiles a copy's plans one at a time through this function.
+    """
+    hidden = schedule[0][0].hidden
+    fake = cute.runtime.make_fake_compact_tensor
+    tokens = cute.sym_int32()
+    x_type = getattr(cutlass, DTYPES[dtype].cute)
+    w_type = getattr(cutlass, DTYPES[w_dtype].cute)
+    rows = (tokens, hidden)
+    x = fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+    y = fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+    w = fake(w_type, (hidden,), assumed_align=VECTOR_BYTES)
+    stream = cute.runtime.make_fake_stream()
+    args = (rms_norm_launch, x, w, y, Int32(1), stream, schedule, epsilon)
+    if not keep_ptx:
+        return cute.compile(*args, options=f"--gpu-arch {arch}")
+    # CuteDSL also writes the PTX to a file: keep it out of the user's directory.
+    with tempfile.TemporaryDirectory() as dump_dir:
+        options = f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}"
+        return cute.compile(*args, options=options)
 
 
-def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: str, keep_ptx: bool = False):
-    """rms_norm_launch compiled for one schedule, dtype pair, epsilon and arch, on fake tensors (no GPU); keep_ptx:
-    its PTX in .__ptx__. support/check_kernel.py compiles a copy's plans one by one through this hook."""
-    fake, tokens = cute.runtime.make_fake_compact_tensor, cute.sym_int32()
-    x, y = (fake(getattr(cutlass, DTYPES[dtype].cute), (tokens, schedule[0][0].hidden), stride_order=(1, 0),
-                 assumed_align=VECTOR_BYTES) for _ in range(2))
-    w = fake(getattr(cutlass, DTYPES[w_dtype].cute), (schedule[0][0].hidden,), assumed_align=VECTOR_BYTES)
-    args = (rms_norm_launch, x, w, y, Int32(1), cute.runtime.make_fake_stream(), schedule, epsilon)
-    if keep_ptx:  # CuteDSL also writes the PTX to a file: keep that out of the user's directory
-        with tempfile.TemporaryDirectory() as dump_dir:
-            return cute.compile(*args, options=f"--gpu-arch {arch} --keep-ptx --dump-dir {dump_dir}")
-    return cute.compile(*args, options=f"--gpu-arch {arch}")
+_COMPILED = {}  # the launchers compiled in this process
+_COMPILE_LOCK = threading.Lock()
 
 
-def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON, arch: str | None = None, *,
-                     w_dtype: str = "float32", keep_ptx: bool = False, plans_by_tokens: bool = True):
-    """The launcher for one X/Y dtype, W dtype, hidden and epsilon, compiled once per process for the GPU or `arch`
-    ("sm_90a": no GPU needed). keep_ptx: compiled anew, PTX in .__ptx__. plans_by_tokens=False: AOT's one plan."""
-    for name, value, allowed in (("dtype", dtype, ACTIVATION_DTYPES), ("w_dtype", w_dtype, WEIGHT_DTYPES)):
+def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
+                     arch: str | None = None, *, w_dtype: str = "float32",
+                     keep_ptx: bool = False, plans_by_tokens: bool = True):
+    """The launcher for one dtype pair, hidden and epsilon, compiled once per process.
+
+    For the current GPU, or for `arch` ("sm_90a": no GPU needed). keep_ptx:
+    compiled anew, PTX in .__ptx__. plans_by_tokens=False: AOT's one plan.
+    """
+    for name, value, allowed in (
+        ("dtype", dtype, ACTIVATION_DTYPES),
+        ("w_dtype", w_dtype, WEIGHT_DTYPES),
+    ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-    elem_bytes, epsilon, arch = DTYPES[dtype].bytes, validate_epsilon(epsilon), gpu_arch() if arch is None else arch
-    sm90 = is_sm90(arch)  # each argument is checked, with a clear error, before any tracing
-    schedule = (token_schedule(hidden, elem_bytes, sm90=sm90) if plans_by_tokens
-                else ((plan_kernel(hidden, elem_bytes, sm90=False), ((None, None),)),))
+    elem_bytes = DTYPES[dtype].bytes
+    epsilon = validate_epsilon(epsilon)
+    if arch is None:
+        arch = gpu_arch()
+    sm90 = is_sm90(arch)  # every argument is checked before any tracing
+    if plans_by_tokens:
+        schedule = token_schedule(hidden, elem_bytes, sm90=sm90)
+    else:
+        schedule = ((plan_kernel(hidden, elem_bytes, sm90=False), ((None, None),)),)
+    if keep_ptx:
+        return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True)
     key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
     with _COMPILE_LOCK:
-        if keep_ptx:
-            return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True)
         if key not in _COMPILED:
             _COMPILED[key] = compile_launcher(schedule, dtype, w_dtype, epsilon, arch)
         return _COMPILED[key]

@@ -83,7 +83,7 @@ def test_a_bulk_copy_expects_the_bytes_of_the_rows_that_exist(hidden, elem_bytes
             for i in range(plan.rows_in_sequence):
                 first = first_row + i * plan.rows_per_cta
                 rows = [r for r in range(first, first + plan.rows_per_cta) if r < num_tokens]
-                assert plan.staged_bytes(num_tokens, first) == len(rows) * hidden * elem_bytes
+                assert sample.staged_bytes(plan, num_tokens, first) == len(rows) * hidden * elem_bytes
 
 
 @pytest.mark.parametrize("hidden, elem_bytes", [(1024, 2), (1536, 2), (4096, 2), (8192, 2), (12288, 2),
