@@ -1064,337 +1064,533 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
 
 
 # %% [5] Zero-copy handoff: TensorRT's raw pointers -> CuTe tensors -----------------
-# enqueue() gets device addresses as plain integers; three hops make one a CuTe tensor without copying a byte:
-# (1) cupy.cuda.UnownedMemory wraps it as memory cupy must not free, a cupy ndarray gives it shape and dtype (bf16
-# as int16: cupy has no bfloat16); (2) torch.as_tensor reads cupy's __cuda_array_interface__ (.view() relabels
-# bf16); (3) cute.runtime.from_dlpack takes torch's DLPack capsule, assumed_align=16 as compiled (checked first).
+# enqueue() gets device addresses as plain integers. Three hops make one a
+# CuTe tensor without copying a byte; each library only describes memory
+# that TensorRT keeps owning.
 
 
 def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: int):
     """Wrap a device address TensorRT owns as a CuTe tensor (no copy, no sync)."""
     if address % VECTOR_BYTES:
-        raise ValueError(f"RmsNormPlugin needs {VECTOR_BYTES}-byte aligned buffers, got address {address:#x}")
-    names, carrier = DTYPES[dtype], np.dtype(DTYPES[dtype].cupy)
-    memory = cp.cuda.UnownedMemory(address, math.prod(shape) * carrier.itemsize, owner=None, device_id=device_id)
-    array = cp.ndarray(shape, dtype=carrier, memptr=cp.cuda.MemoryPointer(memory, 0))  # hop 1
-    view = torch.as_tensor(array, device=f"cuda:{device_id}")                         # hop 2
+        raise ValueError(
+            f"RmsNormPlugin needs {VECTOR_BYTES}-byte aligned buffers, "
+            f"got address {address:#x}")
+    names = DTYPES[dtype]
+    carrier = np.dtype(names.cupy)  # cupy has no bfloat16: int16 carries it
+    nbytes = math.prod(shape) * carrier.itemsize
+
+    # Hop 1: cupy wraps the address as memory it must not free, and gives
+    # it a shape and a dtype.
+    memory = cp.cuda.UnownedMemory(address, nbytes, owner=None, device_id=device_id)
+    pointer = cp.cuda.MemoryPointer(memory, 0)
+    array = cp.ndarray(shape, dtype=carrier, memptr=pointer)
+
+    # Hop 2: torch reads cupy's __cuda_array_interface__; .view() turns the
+    # int16 carrier back into bfloat16.
+    view = torch.as_tensor(array, device=f"cuda:{device_id}")
     if names.cupy != names.torch:
         view = view.view(getattr(torch, names.torch))
-    return from_dlpack(view, assumed_align=VECTOR_BYTES)                               # hop 3
+
+    # Hop 3: CuTe takes torch's DLPack capsule. The kernel was compiled for
+    # 16-byte aligned buffers, which the check above guarantees.
+    return from_dlpack(view, assumed_align=VECTOR_BYTES)
 
 
 # %% [6] The plugin: IPluginV3 with the OneCore / OneBuild / OneRuntime interfaces ---
-# TensorRT talks to a V3 plugin through three capability interfaces, here one class. The build asks for dtypes,
-# shapes, formats and the fields to store in the engine; at run time the creator makes the plugin from those fields,
-# TensorRT attaches it to an execution context and calls on_shape_change, then enqueue.
+# TensorRT talks to a V3 plugin through three capability interfaces; here one
+# class implements all three. At build time TensorRT asks the plugin for
+# dtypes, shapes, formats and the fields to store in the engine. At run time
+# the creator remakes the plugin from those fields, TensorRT attaches it to
+# an execution context, calls on_shape_change, then enqueue.
 
-PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE = "RmsNormPlugin", "1", ""  # bump the version when the fields change
-
-# Without TensorRT the classes exist (the kernel half works), and main() says what to install before it reaches them.
-_PLUGIN_BASES = (trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime) if trt else ()
-_CREATOR_BASES = (trt.IPluginCreatorV3One,) if trt else ()
+PLUGIN_NAME = "RmsNormPlugin"
+PLUGIN_VERSION = "1"  # bump it when the stored fields change
+PLUGIN_NAMESPACE = ""
 
 
-def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
-    """The name in `allowed` of a TensorRT dtype, or ValueError saying what is allowed."""
-    for dtype in allowed:
-        if trt_type == getattr(trt.DataType, DTYPES[dtype].trt):
-            return dtype
-    raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {trt_type}")
+class MissingTensorRT:
+    """What `trt` names when TensorRT is not installed.
+
+    The kernel half of this file works without TensorRT, so the file must
+    still import, and the class statements below need their bases to exist.
+    These are empty placeholders with TensorRT's names; require_tensorrt()
+    stops a plugin or a creator from being made on them.
+    """
+
+    IPluginV3 = type("IPluginV3", (), {})
+    IPluginV3OneCore = type("IPluginV3OneCore", (), {})
+    IPluginV3OneBuild = type("IPluginV3OneBuild", (), {})
+    IPluginV3OneRuntime = type("IPluginV3OneRuntime", (), {})
+    IPluginCreatorV3One = type("IPluginCreatorV3One", (), {})
+
+
+if trt is None:
+    trt = MissingTensorRT
 
 
 def require_tensorrt():
-    """ModuleNotFoundError naming TensorRT's pip package, where it is missing: only the plugin half needs it."""
-    if trt is None:
-        raise ModuleNotFoundError(import_error_message(ModuleNotFoundError(name="tensorrt")), name="tensorrt")
+    """ModuleNotFoundError naming TensorRT's pip package, if it is missing."""
+    if trt is MissingTensorRT:
+        error = ModuleNotFoundError(name="tensorrt")
+        raise ModuleNotFoundError(import_error_message(error), name="tensorrt")
+
+
+def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
+    """The name in `allowed` of a TensorRT dtype, or a ValueError."""
+    for dtype in allowed:
+        if trt_type == getattr(trt.DataType, DTYPES[dtype].trt):
+            return dtype
+    choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+    raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {choices}, got {trt_type}")
 
 
 def epsilon_fields(epsilon: float):
-    """(fields, their array): a trt.PluginField does not own its buffer, so the caller keeps the array alive."""
-    require_tensorrt()  # the plugin, its creator and plugin_network all start here
+    """(fields, the array they point into), for the plugin's one field.
+
+    A trt.PluginField does not own its buffer, so the caller must keep the
+    array alive as long as TensorRT may read the fields.
+    """
+    require_tensorrt()  # plugin_network starts here
     buffer = np.array([epsilon], dtype=np.float32)
-    return trt.PluginFieldCollection([trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)]), buffer
+    field = trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)
+    fields = trt.PluginFieldCollection([field])
+    return fields, buffer
 
 
-class RmsNormPlugin(*_PLUGIN_BASES):
+class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
+                    trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
     """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis of X [..., hidden]."""
 
     def __init__(self, epsilon: float = DEFAULT_EPSILON):
-        for base in _PLUGIN_BASES:
-            base.__init__(self)
-        self.plugin_name, self.plugin_version, self.plugin_namespace = PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE
-        self.num_outputs, self.epsilon = 1, validate_epsilon(epsilon)
-        self._fields, self._epsilon_buffer = epsilon_fields(self.epsilon)
-        # One context's state, never serialized: the launcher and its (X dtype, hidden, W dtype), buffers, streams.
-        self._kernel, self._io, self._device, self._wrapped, self._streams = None, None, None, {}, {}
+        """Called by the creator's create_plugin and by clone()."""
+        require_tensorrt()
+        # TensorRT's Python plugins must initialize each base explicitly.
+        trt.IPluginV3.__init__(self)
+        trt.IPluginV3OneCore.__init__(self)
+        trt.IPluginV3OneBuild.__init__(self)
+        trt.IPluginV3OneRuntime.__init__(self)
+        self.plugin_name = PLUGIN_NAME
+        self.plugin_version = PLUGIN_VERSION
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.num_outputs = 1
+        self.epsilon = validate_epsilon(epsilon)
+        fields, buffer = epsilon_fields(self.epsilon)
+        self._fields = fields
+        self._epsilon_buffer = buffer  # the fields point into it
+        # One execution context's state, never stored in the engine:
+        self._kernel = None  # the compiled launcher
+        self._io = None  # the (X dtype, hidden, W dtype) it serves
+        self._device = None  # the CUDA device it was compiled on
+        self._wrapped = {}  # (X, W, Y) addresses -> CuTe tensors
+        self._streams = {}  # TensorRT's stream handle -> CUstream
 
     def get_capability_interface(self, type):
-        """Build and run time: TensorRT asks for each interface; this class is all three."""
+        """Build and run time, once per interface: this class implements all three."""
         return self
 
     def clone(self):
-        """Build and run time: a new plugin with the same attributes and empty run-time state."""
+        """Build and run time: the same attributes, empty run-time state."""
         return RmsNormPlugin(self.epsilon)
 
     def get_output_data_types(self, input_types):
-        """Build time, network definition: Y has X's dtype; X and W each fp16, bf16 or fp32."""
+        """Build time, network definition: Y has X's dtype."""
         dtype_name(input_types[0], "X", ACTIVATION_DTYPES)
         dtype_name(input_types[1], "W", WEIGHT_DTYPES)
         return [input_types[0]]
 
     def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-        """Build time: Y has X's symbolic shape; X is [..., hidden] (all but the last dimension count rows)."""
+        """Build time: Y has X's symbolic shape, X [..., hidden]."""
         if len(inputs) != 2 or len(inputs[0]) < 2 or len(inputs[1]) != 1:
-            raise ValueError(f"{PLUGIN_NAME}: expects X [..., hidden] of rank 2 or more and W [hidden]")
-        x_hidden, w_hidden = inputs[0][len(inputs[0]) - 1], inputs[1][0]
+            raise ValueError(f"{PLUGIN_NAME}: expects X [..., hidden] of rank 2 or more "
+                             "and W [hidden]")
+        x_dims = inputs[0]
+        x_hidden = x_dims[len(x_dims) - 1]
+        w_hidden = inputs[1][0]
         if not x_hidden.is_constant():
-            raise ValueError(f"{PLUGIN_NAME}: the hidden dimension of X must be static (the kernel bakes it in)")
+            raise ValueError(f"{PLUGIN_NAME}: the hidden dimension of X must be static "
+                             "(the kernel bakes it in)")
         hidden = x_hidden.get_constant_value()
-        if w_hidden.is_constant() and w_hidden.get_constant_value() != hidden:
-            raise ValueError(f"{PLUGIN_NAME}: X hidden {hidden} != W size {w_hidden.get_constant_value()}")
+        if w_hidden.is_constant():
+            w_size = w_hidden.get_constant_value()
+            if w_size != hidden:
+                raise ValueError(f"{PLUGIN_NAME}: X hidden {hidden} != W size {w_size}")
         if not 1 <= hidden <= MAX_HIDDEN:
-            raise ValueError(f"{PLUGIN_NAME}: hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
-        return [trt.DimsExprs(inputs[0])]
+            raise ValueError(f"{PLUGIN_NAME}: hidden must be in [1, {MAX_HIDDEN}], "
+                             f"got {hidden}")
+        return [trt.DimsExprs(x_dims)]
 
     def supports_format_combination(self, pos, in_out, num_inputs):
-        """Build time, per I/O slot: linear X and W, each fp16, bf16 or fp32, and a linear Y of X's dtype."""
+        """Build time, per I/O slot: linear X, W and Y; Y of X's dtype."""
         desc = in_out[pos].desc
         if desc.format != trt.TensorFormat.LINEAR:
             return False
         if pos == 2:
             return desc.type == in_out[0].desc.type
-        return desc.type in [getattr(trt.DataType, DTYPES[d].trt) for d in (ACTIVATION_DTYPES, WEIGHT_DTYPES)[pos]]
+        allowed = ACTIVATION_DTYPES if pos == 0 else WEIGHT_DTYPES
+        trt_types = [getattr(trt.DataType, DTYPES[d].trt) for d in allowed]
+        return desc.type in trt_types
 
     def configure_plugin(self, inp, out):
-        """Build time, once formats and the profile are chosen: nothing to set up (no workspace, no tactics)."""
+        """Build time, once formats and profile are chosen: nothing to do."""
 
     def set_tactic(self, tactic):
-        """Build and run time: nothing to select."""
+        """Build and run time: there is no tactic to select."""
 
     def get_fields_to_serialize(self):
-        """Build time and engine save: the only attribute stored in the engine is epsilon."""
+        """Build time and engine save: epsilon, the only stored attribute."""
         return self._fields
 
     def attach_to_context(self, context):
-        """Run time, once per execution context: an independent clone owns that context's caches."""
+        """Run time, once per execution context: a clone owns its caches."""
         return self.clone()
 
     def on_shape_change(self, inp, out):
-        """Run time, before the first enqueue and whenever shapes change: compile here, never in enqueue."""
-        io = (dtype_name(inp[0].type, "X", ACTIVATION_DTYPES), inp[0].dims[-1],
-              dtype_name(inp[1].type, "W", WEIGHT_DTYPES))
-        if io != self._io:
-            self._kernel = compile_rms_norm(io[0], io[1], self.epsilon, w_dtype=io[2])
-            self._io, self._device = io, torch.cuda.current_device()
-            self._wrapped.clear()
+        """Run time, before the first enqueue and on a shape change: compile here."""
+        dtype = dtype_name(inp[0].type, "X", ACTIVATION_DTYPES)
+        hidden = inp[0].dims[-1]
+        w_dtype = dtype_name(inp[1].type, "W", WEIGHT_DTYPES)
+        io = (dtype, hidden, w_dtype)
+        if io == self._io:
+            return  # a new token count: the launcher takes it at run time
+        # Compiling is slow; enqueue, on the inference path, never does it.
+        self._kernel = compile_rms_norm(dtype, hidden, self.epsilon, w_dtype=w_dtype)
+        self._io = io
+        self._device = torch.cuda.current_device()
+        self._wrapped.clear()
 
     def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
-        """Run time, every inference: marshal the pointers and launch on TensorRT's stream."""
-        num_tokens = math.prod(input_desc[0].dims[:-1])
+        """Run time, every inference: launch on TensorRT's stream."""
+        num_tokens = math.prod(input_desc[0].dims[:-1])  # all but hidden count rows
         key = (inputs[0], inputs[1], outputs[0])
         tensors = self._wrapped.get(key)
-        if tensors is None:  # TensorRT usually reuses a context's buffers: wrap them once
+        if tensors is None:  # a context usually reuses its buffers
             tensors = self._wrap_buffers(*key, num_tokens)
         cu_stream = self._streams.get(stream)
         if cu_stream is None:
-            cu_stream = self._streams[stream] = cuda.CUstream(stream)
+            cu_stream = cuda.CUstream(stream)
+            self._streams[stream] = cu_stream
         self._kernel(*tensors, num_tokens, cu_stream)
 
     def _wrap_buffers(self, x_ptr, w_ptr, y_ptr, num_tokens):
-        """The handoff for one set of addresses; the launcher takes the row count, so they serve every count."""
+        """enqueue's handoff ([5]) for one set of addresses, then cached.
+
+        The launcher takes the row count as an argument, so the tensors
+        wrapped at one count serve every count.
+        """
         dtype, hidden, w_dtype = self._io
-        if len(self._wrapped) >= 256:  # addresses that change every call must not grow the cache
+        device = self._device
+        # Addresses that change on every call must not grow the cache.
+        if len(self._wrapped) >= 256:
             self._wrapped.clear()
-        self._wrapped[(x_ptr, w_ptr, y_ptr)] = tensors = (
-            cute_tensor_from_pointer(x_ptr, (num_tokens, hidden), dtype, self._device),
-            cute_tensor_from_pointer(w_ptr, (hidden,), w_dtype, self._device),
-            cute_tensor_from_pointer(y_ptr, (num_tokens, hidden), dtype, self._device))
+        rows = (num_tokens, hidden)
+        tensors = (
+            cute_tensor_from_pointer(x_ptr, rows, dtype, device),
+            cute_tensor_from_pointer(w_ptr, (hidden,), w_dtype, device),
+            cute_tensor_from_pointer(y_ptr, rows, dtype, device),
+        )
+        self._wrapped[(x_ptr, w_ptr, y_ptr)] = tensors
         return tensors
 
 
-class RmsNormPluginCreator(*_CREATOR_BASES):
-    """Makes RmsNormPlugin from fields: when a network is built, and when an engine is deserialized."""
+class RmsNormPluginCreator(trt.IPluginCreatorV3One):
+    """Makes RmsNormPlugin from its fields, for a build or an engine load."""
 
     def __init__(self):
-        for base in _CREATOR_BASES:
-            base.__init__(self)
-        self.name, self.plugin_version, self.plugin_namespace = PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE
-        self.field_names, self._default_epsilon = epsilon_fields(DEFAULT_EPSILON)
+        """Called once, by register_creator()."""
+        require_tensorrt()
+        trt.IPluginCreatorV3One.__init__(self)
+        self.name = PLUGIN_NAME
+        self.plugin_version = PLUGIN_VERSION
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        # The fields create_plugin takes, with their defaults.
+        fields, buffer = epsilon_fields(DEFAULT_EPSILON)
+        self.field_names = fields
+        self._default_epsilon = buffer  # the fields point into it
 
     def create_plugin(self, name, field_collection, phase):
-        """Build time (network definition, ONNX import) and engine load: the plugin from its one field, 'epsilon'."""
-        fields = {f.name: f for f in field_collection}
+        """Build time (network API, ONNX parser) and engine load: a plugin from its fields."""
+        fields = {field.name: field for field in field_collection}
         field = fields.get("epsilon")
         if field is None:
             got = f"fields {sorted(fields)}"
-        elif field.type != trt.PluginFieldType.FLOAT32:  # the bindings cannot return .data of FLOAT16/BF16 fields
+        elif field.type != trt.PluginFieldType.FLOAT32:
+            # The bindings cannot return .data of FLOAT16 or BF16 fields.
             got = f"a {field.type} field"
         elif len(field.data) != 1:
             got = f"a {field.type} field of {len(field.data)} values"
         else:
             return RmsNormPlugin(field.data[0])
-        raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' holding one value, got {got}")
+        raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' "
+                         f"holding one value, got {got}")
 
 
+# The registry does not keep a Python creator alive; this reference does.
 _CREATOR = None
 
 
 def register_creator():
-    """Put the creator in TensorRT's registry (idempotent): needed before a network is built or an engine loaded."""
+    """Put the creator in TensorRT's registry, once; return it.
+
+    Call it before building a network or loading an engine: an engine
+    stores only the plugin's name, version, namespace and fields.
+    """
     global _CREATOR
     require_tensorrt()
     registry = trt.get_plugin_registry()
-    if registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
-        _CREATOR = RmsNormPluginCreator()  # the registry does not keep the Python object alive
+    key = (PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    if registry.get_creator(*key) is None:
+        _CREATOR = RmsNormPluginCreator()
         registry.register_creator(_CREATOR, PLUGIN_NAMESPACE)
-    return registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    return registry.get_creator(*key)
 
 
-# %% [7] The engine, built with Polygraphy -----------------------------------------------
-# X [num_tokens, hidden] and W [hidden] are network inputs: num_tokens dynamic over the profile, hidden static, the
-# network strongly typed (TensorRT 11 has no other kind). Errors: UsageError the user's, TensorRTError TensorRT's.
+# %% [7] The engine, built with Polygraphy ------------------------------------------
+# X [num_tokens, hidden] and W [hidden] are network inputs: num_tokens is
+# dynamic over the profile, hidden is static, and the network is strongly
+# typed (TensorRT 11 has no other kind). A UsageError is the user's to fix;
+# a TensorRTError is TensorRT refusing a step, with the reason in its log.
 
 
 class UsageError(Exception):
-    """A problem the user can fix; main() prints it as one sentence and exits 2."""
+    """A problem the user can fix; main() prints it as one sentence, exits 2."""
 
 
 class TensorRTError(RuntimeError):
-    """TensorRT refused a step (network definition, ONNX parse, build, load, run); main() exits 2."""
+    """TensorRT refused a step (network, parse, build, load, run); exit 2."""
 
 
 @contextlib.contextmanager
 def tensorrt_stage(stage: str):
-    """Any failure in a TensorRT step as a TensorRTError naming the step (TensorRT logs why as an '[E]' line)."""
+    """Any failure in a TensorRT step as a TensorRTError naming the step.
+
+    TensorRT logs its own reason as an '[E]' line; the message points there.
+    """
     try:
         yield
     except (UsageError, TensorRTError):
         raise
     except Exception as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise TensorRTError(f"TensorRT failed at the {stage} stage ({type(exc).__name__}: {detail}); TensorRT's own "
-                            "message is the '[E]' line in the log above") from exc
+        raise TensorRTError(
+            f"TensorRT failed at the {stage} stage "
+            f"({type(exc).__name__}: {detail}); "
+            "TensorRT's own message is the '[E]' line in the log above",
+        ) from exc
 
 
 def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """((builder, network), plugin): one plugin layer made through the registry, as the ONNX parser makes it."""
+    """((builder, network), plugin): one plugin layer, X and W its inputs.
+
+    The plugin comes from the registered creator, as the ONNX parser gets
+    it, so both ways of building go through create_plugin.
+    """
     from polygraphy.backend.trt import create_network
 
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
-        fields, _buffer = epsilon_fields(epsilon)  # alive until create_plugin has copied it
-        plugin = register_creator().create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
-        x = network.add_input("X", getattr(trt.DataType, DTYPES[dtype].trt), (-1, hidden))
-        w = network.add_input("W", getattr(trt.DataType, DTYPES[w_dtype].trt), (hidden,))
-        y = network.add_plugin_v3([x, w], [], plugin).get_output(0)
+        # _buffer stays alive until create_plugin has copied the field.
+        fields, _buffer = epsilon_fields(epsilon)
+        creator = register_creator()
+        phase = trt.TensorRTPhase.BUILD
+        plugin = creator.create_plugin("rms_norm", fields, phase)
+        x_type = getattr(trt.DataType, DTYPES[dtype].trt)
+        w_type = getattr(trt.DataType, DTYPES[w_dtype].trt)
+        x = network.add_input("X", x_type, (-1, hidden))
+        w = network.add_input("W", w_type, (hidden,))
+        layer = network.add_plugin_v3([x, w], [], plugin)
+        y = layer.get_output(0)
         y.name = "Y"
         network.mark_output(y)
     return (builder, network), plugin
 
 
 def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """The same network from a one-node ONNX model of op type PLUGIN_NAME: TensorRT's parser asks the registry for
-    that creator (plugin_version and plugin_namespace attributes) and passes every other attribute as a field."""
+    """The same network, from a one-node ONNX model of op type PLUGIN_NAME.
+
+    TensorRT's parser asks the registry for the creator that the node's
+    plugin_version and plugin_namespace name, and passes every other
+    attribute (here epsilon) as a field.
+    """
     try:
         from onnx import TensorProto, helper
     except ImportError:
-        raise UsageError("--from-onnx needs the onnx package; install it with `pip install onnx`") from None
+        raise UsageError("--from-onnx needs the onnx package; "
+                         "install it with `pip install onnx`") from None
     from polygraphy.backend.trt import network_from_onnx_bytes
 
-    info = [helper.make_tensor_value_info(name, getattr(TensorProto, DTYPES[d].onnx), shape) for name, d, shape in
-            (("X", dtype, ["num_tokens", hidden]), ("W", w_dtype, [hidden]), ("Y", dtype, ["num_tokens", hidden]))]
-    node = helper.make_node(PLUGIN_NAME, ["X", "W"], ["Y"], name="rms_norm", epsilon=float(epsilon),
-                            plugin_version=PLUGIN_VERSION, plugin_namespace=PLUGIN_NAMESPACE)
-    model = helper.make_model(helper.make_graph([node], "rms_norm", info[:2], info[2:]), ir_version=8,
-                              opset_imports=[helper.make_opsetid("", 17)])
+    x_type = getattr(TensorProto, DTYPES[dtype].onnx)
+    w_type = getattr(TensorProto, DTYPES[w_dtype].onnx)
+    rows = ["num_tokens", hidden]
+    x = helper.make_tensor_value_info("X", x_type, rows)
+    w = helper.make_tensor_value_info("W", w_type, [hidden])
+    y = helper.make_tensor_value_info("Y", x_type, rows)
+    node = helper.make_node(
+        PLUGIN_NAME,
+        inputs=["X", "W"],
+        outputs=["Y"],
+        name="rms_norm",
+        epsilon=float(epsilon),
+        plugin_version=PLUGIN_VERSION,
+        plugin_namespace=PLUGIN_NAMESPACE,
+    )
+    graph = helper.make_graph([node], "rms_norm", inputs=[x, w], outputs=[y])
+    opset = helper.make_opsetid("", 17)
+    model = helper.make_model(graph, ir_version=8, opset_imports=[opset])
     register_creator()  # the parser finds the plugin in the registry
     with tensorrt_stage("ONNX parse"):
         return network_from_onnx_bytes(model.SerializeToString(), strongly_typed=True)
 
 
 def build_from_network(network, shapes: dict):
-    """Polygraphy builds the engine with one optimization profile over shapes {input: (min, opt, max)}."""
+    """The engine, with one optimization profile.
+
+    shapes maps each dynamic input to its (min, opt, max) shapes.
+    """
     from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network
 
     profile = Profile()
     for name, (low, opt, high) in shapes.items():
         profile.add(name, min=low, opt=opt, max=high)
     with tensorrt_stage("engine build"):
-        return engine_from_network(network, config=CreateConfig(profiles=[profile]))
+        config = CreateConfig(profiles=[profile])
+        return engine_from_network(network, config=config)
 
 
-# %% [8] Run and check against NumPy ------------------------------------------------------
-# FP32 math, one rounding: Y within one ulp of |ref| (fp16, bf16), 2^-18 (fp32); tests/test_tolerance.py derives it.
+# %% [8] Run and check against NumPy ------------------------------------------------
+# Y's tolerance against the float64 reference. The kernel computes in FP32
+# and rounds once, so a 16-bit Y is within one ulp of |ref| (its dtype's
+# eps). An fp32 Y carries only the FP32 arithmetic's error, which
+# tests/test_tolerance.py bounds below 2^-18. atol covers values too close
+# to zero for a relative bound, such as fp16's subnormals.
+Tolerance = collections.namedtuple("Tolerance", "rtol atol")
+Y_TOLERANCE = {
+    "float16": Tolerance(rtol=2.0**-10, atol=1e-6),
+    "bfloat16": Tolerance(rtol=2.0**-7, atol=1e-6),
+    "float32": Tolerance(rtol=2.0**-18, atol=1e-30),
+}
 
 
-def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int, w_dtype: str = "float32"):
-    """Random X (rounded to dtype) and W (rounded to w_dtype), deterministic in seed, on the CPU."""
+def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int,
+                w_dtype: str = "float32"):
+    """Random X and W on the CPU, rounded to their dtypes, fixed by seed."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(num_tokens, hidden, generator=gen).to(getattr(torch, DTYPES[dtype].torch))
-    return x, (torch.rand(hidden, generator=gen) * 2.0 - 0.5).to(getattr(torch, DTYPES[w_dtype].torch))
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    # W in [-0.5, 1.5): both signs, and some products near zero.
+    w = torch.rand(hidden, generator=gen) * 2.0 - 0.5
+    x = x.to(getattr(torch, DTYPES[dtype].torch))
+    w = w.to(getattr(torch, DTYPES[w_dtype].torch))
+    return x, w
 
 
 def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dtype: str):
-    """(all within DTYPES[dtype]'s tolerance, max abs error) of y against the float64 reference."""
+    """(all within Y_TOLERANCE[dtype], max abs error) against float64."""
     ref = rms_norm_reference(x, w, epsilon)
     err = np.abs(y.astype(np.float64) - ref)
-    ok = bool(np.all(np.isfinite(y)) and np.all(err <= DTYPES[dtype].atol + DTYPES[dtype].rtol * np.abs(ref)))
+    tolerance = Y_TOLERANCE[dtype]
+    bound = tolerance.atol + tolerance.rtol * np.abs(ref)
+    finite = np.all(np.isfinite(y))
+    ok = bool(finite and np.all(err <= bound))
     return ok, float(np.max(err, initial=0.0))
 
 
-def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, w_dtype="float32") -> bool:
-    """Run each token count through one context, on torch's buffers and stream, and compare with NumPy."""
-    context, stream, all_ok = engine.create_execution_context(), torch.cuda.Stream(), True
+def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
+                  w_dtype="float32") -> bool:
+    """Run each token count through one context and compare with NumPy.
+
+    The buffers and the stream are torch's, as in an application.
+    """
+    context = engine.create_execution_context()
+    stream = torch.cuda.Stream()
+    all_ok = True
     for n in token_counts:
-        x, w = make_inputs(n, hidden, dtype, seed, w_dtype)  # one seed: the flag's whole range is torch's
-        xd, wd = x.cuda(), w.cuda()
-        yd = torch.full_like(xd, float("nan"))  # an element the engine leaves unwritten fails the check
+        # The flag's seed as given: every value it accepts is one torch takes.
+        x, w = make_inputs(n, hidden, dtype, seed, w_dtype)
+        xd = x.cuda()
+        wd = w.cuda()
+        # An element the engine leaves unwritten stays NaN and fails.
+        yd = torch.full_like(xd, float("nan"))
         context.set_input_shape("X", tuple(xd.shape))
-        for name, tensor in (("X", xd), ("W", wd), ("Y", yd)):
-            context.set_tensor_address(name, tensor.data_ptr())
-        torch.cuda.synchronize()  # the uploads ran on torch's stream, TensorRT reads on `stream`
+        context.set_tensor_address("X", xd.data_ptr())
+        context.set_tensor_address("W", wd.data_ptr())
+        context.set_tensor_address("Y", yd.data_ptr())
+        # The uploads ran on torch's stream; TensorRT reads on `stream`.
+        torch.cuda.synchronize()
         if not context.execute_async_v3(stream.cuda_stream):
-            raise TensorRTError(f"TensorRT could not run the engine at {n} tokens; its log above says why")
+            raise TensorRTError(f"TensorRT could not run the engine at {n} tokens; "
+                                "its log above says why")
         stream.synchronize()
-        ok, err = check_output(yd.float().cpu().numpy(), x.float().numpy(), w.float().numpy(), epsilon, dtype)
-        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {'ok' if ok else 'MISMATCH'}")
-        all_ok &= ok
+        y = yd.float().cpu().numpy()
+        ok, err = check_output(y, x.float().numpy(), w.float().numpy(), epsilon, dtype)
+        verdict = "ok" if ok else "MISMATCH"
+        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {verdict}")
+        all_ok = all_ok and ok
     return all_ok
 
 
-# %% [9] Command line: each user error one sentence and exit code 2, before any GPU work --
-# The integer flags both flavors share: (flag, default, lowest, highest, meaning). The kernel counts rows in an Int32.
-INT_FLAGS = (("--hidden-dim", 1024, 1, MAX_HIDDEN, "hidden size H, static in the engine"),
-             ("--num-tokens", 128, 1, 2**31 - 1, "tokens in the main run, within the profile"),
-             ("--min-tokens", 1, 1, 2**31 - 1, "profile minimum"), ("--opt-tokens", 128, 1, 2**31 - 1, "optimum"),
-             ("--max-tokens", 512, 1, 2**31 - 1, "profile maximum"), ("--seed", 0, 0, 2**64 - 1, "seed of the inputs"))
+# %% [9] Command line: each user error one sentence and exit code 2, before any GPU work
+# The integer flags every script shares, each with the range it accepts.
+# The kernel counts rows in an Int32; torch's generator takes a 64-bit seed.
+IntFlag = collections.namedtuple("IntFlag", "name default lowest highest help")
+INT32_MAX = 2**31 - 1
+INT_FLAGS = (
+    IntFlag(name="--hidden-dim", default=1024, lowest=1, highest=MAX_HIDDEN,
+            help="hidden size H, static in the engine"),
+    IntFlag(name="--num-tokens", default=128, lowest=1, highest=INT32_MAX,
+            help="tokens in the main run, within the profile"),
+    IntFlag(name="--min-tokens", default=1, lowest=1, highest=INT32_MAX,
+            help="profile minimum"),
+    IntFlag(name="--opt-tokens", default=128, lowest=1, highest=INT32_MAX,
+            help="optimum"),
+    IntFlag(name="--max-tokens", default=512, lowest=1, highest=INT32_MAX,
+            help="profile maximum"),
+    IntFlag(name="--seed", default=0, lowest=0, highest=2**64 - 1,
+            help="seed of the inputs"),
+)
 
 
 def make_parser(description: str) -> argparse.ArgumentParser:
-    """The flags, shared with rms_norm_saved_engine.py and rms_norm_aot_cutedsl.py, which add their own."""
-    parser = argparse.ArgumentParser(description=description, epilog="exit codes: 0 every run matched NumPy, 1 a run "
-                                     "did not, 2 usage or environment error")
-    parser.error = lambda message: parser.exit(EXIT_USAGE, f"error: {message} (see --help)\n")  # not a usage dump
-    for flag, default, _, _, meaning in INT_FLAGS:
-        parser.add_argument(flag, type=int, default=default, help=f"{meaning} (default {default})")
-    parser.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="X/Y dtype (default float16)")
-    parser.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="float32", help="W dtype (default float32)")
-    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help=f"default {DEFAULT_EPSILON}")
-    parser.add_argument("--from-onnx", action="store_true", help="build through TensorRT's ONNX parser (needs onnx)")
-    parser.add_argument("--plans", action="store_true", help="print which kernel runs which token counts, and exit")
+    """The shared flags; the saved-engine and AOT scripts add their own."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="exit codes: 0 every run matched NumPy, 1 a run did not, "
+               "2 usage or environment error",
+    )
+
+    def one_sentence(message):
+        parser.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
+
+    parser.error = one_sentence  # instead of argparse's usage dump
+    for flag in INT_FLAGS:
+        parser.add_argument(flag.name, type=int, default=flag.default,
+                            help=f"{flag.help} (default {flag.default})")
+    parser.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16",
+                        help="X/Y dtype (default float16)")
+    parser.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default="float32",
+                        help="W dtype (default float32)")
+    parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON,
+                        help=f"default {DEFAULT_EPSILON}")
+    parser.add_argument("--from-onnx", action="store_true",
+                        help="build through TensorRT's ONNX parser (needs onnx)")
+    parser.add_argument("--plans", action="store_true",
+                        help="print which kernel runs which token counts, and exit")
     return parser
 
 
-def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """Refuse, in one sentence with exit code 2, what TensorRT would refuse later or not at all."""
-    for flag, _, lowest, highest, _ in INT_FLAGS:
-        if not lowest <= (value := getattr(args, flag[2:].replace("-", "_"))) <= highest:
-            parser.error(f"{flag} must be in [{lowest}, {highest}], got {value}")
-    if not args.min_tokens <= args.opt_tokens <= args.max_tokens:
-        parser.error(f"the profile needs --min-tokens <= --opt-tokens <= --max-tokens, got {args.min_tokens}, "
-                     f"{args.opt_tokens}, {args.max_tokens}")
-    if not args.min_tokens <= args.num_tokens <= args.max_tokens:
-        parser.error(f"--num-tokens {args.num_tokens} is outside the profile [{args.min_tokens}, {args.max_tokens}]")
+def validate_args(parser: argparse.ArgumentParser,
+                  args: argparse.Namespace) -> argparse.Namespace:
+    """Refuse what TensorRT would refuse later, or not at all: exit 2."""
+    for flag in INT_FLAGS:
+        value = getattr(args, flag.name[2:].replace("-", "_"))
+        if not flag.lowest <= value <= flag.highest:
+            parser.error(f"{flag.name} must be in [{flag.lowest}, {flag.highest}], "
+                         f"got {value}")
+    low = args.min_tokens
+    high = args.max_tokens
+    if not low <= args.opt_tokens <= high:
+        parser.error("the profile needs --min-tokens <= --opt-tokens <= --max-tokens, "
+                     f"got {low}, {args.opt_tokens}, {high}")
+    if not low <= args.num_tokens <= high:
+        parser.error(f"--num-tokens {args.num_tokens} is outside the profile [{low}, {high}]")
     try:
         validate_epsilon(args.epsilon)
     except ValueError:
@@ -1405,9 +1601,12 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def check_environment():
     """UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
     if not torch.cuda.is_available():
-        raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU of compute capability 8.0 or newer")
-    if (capability := torch.cuda.get_device_capability())[0] < 8:
-        raise UsageError(f"{torch.cuda.get_device_name()} has compute capability {capability[0]}.{capability[1]}; "
+        raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU "
+                         "of compute capability 8.0 or newer")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        name = torch.cuda.get_device_name()
+        raise UsageError(f"{name} has compute capability {major}.{minor}; "
                          "the kernel needs 8.0 or newer")
     try:
         require_tensorrt()
@@ -1417,45 +1616,65 @@ def check_environment():
 
 
 def build_engine(args: argparse.Namespace):
-    """[7] for these flags: the plugin layer through the network API or, with --from-onnx, the ONNX parser."""
-    print("\n".join(schedule_lines(args.hidden_dim, DTYPES[args.dtype].bytes, is_sm90(gpu_arch()))))
-    shapes = {"X": tuple((n, args.hidden_dim) for n in (args.min_tokens, args.opt_tokens, args.max_tokens))}
+    """[7] for these flags, through the network API or the ONNX parser."""
+    elem_bytes = DTYPES[args.dtype].bytes
+    sm90 = is_sm90(gpu_arch())
+    print("\n".join(schedule_lines(args.hidden_dim, elem_bytes, sm90)))
+    counts = (args.min_tokens, args.opt_tokens, args.max_tokens)
+    shapes = {"X": tuple((n, args.hidden_dim) for n in counts)}
     network_args = (args.hidden_dim, args.dtype, args.epsilon, args.weight_dtype)
     if args.from_onnx:
-        return build_from_network(onnx_network(*network_args), shapes)
-    network, plugin = plugin_network(*network_args)  # the plugin is held until the build is done
+        network = onnx_network(*network_args)
+        return build_from_network(network, shapes)
+    # The network only points at the plugin: hold it until the build ends.
+    network, plugin = plugin_network(*network_args)
     return build_from_network(network, shapes)
 
 
 def run(args: argparse.Namespace, make_engine) -> int:
-    """Check the environment, make_engine(args), run the main count, the profile's edges and an odd count: exit code."""
-    counts = dict.fromkeys((args.num_tokens, args.min_tokens, args.max_tokens,
-                            37 if args.min_tokens <= 37 <= args.max_tokens else args.max_tokens - 1))
+    """Check the environment, make_engine(args), run and check: exit code.
+
+    It runs the main token count, the profile's edges and an odd count.
+    """
+    low = args.min_tokens
+    high = args.max_tokens
+    # An odd count tests the tail: a last CTA with fewer rows than it takes.
+    odd = 37 if low <= 37 <= high else high - 1
+    wanted = (args.num_tokens, low, high, odd)
+    counts = [n for n in dict.fromkeys(wanted) if n >= low]
     try:
         check_environment()
-        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, epsilon {args.epsilon:g}, "
-              f"profile [{args.min_tokens}, {args.max_tokens}] opt {args.opt_tokens}")
+        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, "
+              f"epsilon {args.epsilon:g}, profile [{low}, {high}] opt {args.opt_tokens}")
         engine = make_engine(args)
         with tensorrt_stage("execution context"):
-            correct = run_and_check(engine, [n for n in counts if n >= args.min_tokens], args.hidden_dim, args.dtype,
+            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype,
                                     args.epsilon, args.seed, args.weight_dtype)
     except (UsageError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print("Inference result correct!" if correct else "Inference result incorrect!")
-    return EXIT_CORRECT if correct else EXIT_INCORRECT
+    if correct:
+        print("Inference result correct!")
+        return EXIT_CORRECT
+    print("Inference result incorrect!")
+    return EXIT_INCORRECT
 
 
 def main(args: argparse.Namespace) -> int:
-    """--plans prints the schedule for one hidden size (no GPU needed); otherwise build, run and check."""
+    """--plans prints the schedule (no GPU needed); else build, run, check."""
     if not args.plans:
         return run(args, build_engine)
-    for title, sm90 in (("sm_90 and newer", True), ("sm_80 to sm_89", False)):
-        print(f"{args.dtype} hidden {args.hidden_dim}, {title}:", *schedule_lines(args.hidden_dim,
-              DTYPES[args.dtype].bytes, sm90), sep="\n  ")
+    elem_bytes = DTYPES[args.dtype].bytes
+    targets = (("sm_90 and newer", True), ("sm_80 to sm_89", False))
+    for target, sm90 in targets:
+        lines = schedule_lines(args.hidden_dim, elem_bytes, sm90)
+        heading = f"{args.dtype} hidden {args.hidden_dim}, {target}:"
+        print(heading, *lines, sep="\n  ")
     return EXIT_CORRECT
 
 
 if __name__ == "__main__":
-    PARSER = make_parser("Build a TensorRT engine around a CuteDSL RMSNorm plugin, run it and check it against NumPy.")
-    sys.exit(main(validate_args(PARSER, PARSER.parse_args())))
+    PARSER = make_parser("Build a TensorRT engine around a CuteDSL RMSNorm plugin, "
+                         "run it and check it against NumPy.")
+    ARGS = validate_args(PARSER, PARSER.parse_args())
+    sys.exit(main(ARGS))

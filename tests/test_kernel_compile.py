@@ -730,7 +730,7 @@ def test_the_cluster_plan_describes_its_split():
 
 def test_dtype_table_names_the_same_type_in_every_library():
     """One row per dtype: torch, CuTe, the cupy carrier and TensorRT agree on its size, ONNX names the same
-    type; a 16-bit Y's rtol is one ulp (fp32's is derived in test_tolerance.py)."""
+    type; a 16-bit Y's rtol (Y_TOLERANCE) is one ulp (fp32's is derived in test_tolerance.py)."""
     import cutlass
     import numpy as np
     import onnx
@@ -748,7 +748,7 @@ def test_dtype_table_names_the_same_type_in_every_library():
         assert getattr(trt.DataType, row.trt).itemsize == row.bytes
         assert str(onnx.helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, row.onnx))) == name
     for name in ("float16", "bfloat16"):
-        assert sample.DTYPES[name].rtol == torch.finfo(getattr(torch, name)).eps
-    assert sample.DTYPES["float32"].rtol == 2.0 ** -18
+        assert sample.Y_TOLERANCE[name].rtol == torch.finfo(getattr(torch, name)).eps
+    assert sample.Y_TOLERANCE["float32"].rtol == 2.0 ** -18
     assert sorted(sample.ACTIVATION_DTYPES) == sorted(sample.WEIGHT_DTYPES) == ["bfloat16", "float16", "float32"]
     assert sample.WEIGHT_DTYPES[0] == "float32", "the default W"

@@ -103,7 +103,7 @@ def test_every_plan_sums_a_row_in_fewer_than_72_roundings():
 def test_fp32_output_within_the_worst_case_fp32_error_is_accepted():
     x, w, ref = case("float32", seed=3)
     bound = fp32_error_bound(71)
-    assert bound < sample.DTYPES["float32"].rtol  # the premise: the tolerance covers the worst plan
+    assert bound < sample.Y_TOLERANCE["float32"].rtol  # the premise: the tolerance covers the worst plan
     signs = np.random.default_rng(4).choice([-1.0, 1.0], ref.shape)
     y = ref * (1 + signs * bound)
     assert sample.check_output(y, x, w, 1e-5, "float32")[0]
@@ -124,7 +124,7 @@ def test_fp32_error_of_twice_the_tolerance_is_refused_anywhere_in_the_row(sign):
     smallest = np.unravel_index(np.argmin(np.abs(ref)), ref.shape)
     for index in [(0, 0), (7, 100), (15, 255), smallest]:
         y = ref.copy()
-        y[index] *= 1 + sign * 2 * sample.DTYPES["float32"].rtol
+        y[index] *= 1 + sign * 2 * sample.Y_TOLERANCE["float32"].rtol
         assert not sample.check_output(y, x, w, 1e-5, "float32")[0], index
 
 
