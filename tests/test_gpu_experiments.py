@@ -1,15 +1,19 @@
-"""GPU: the exploration scripts whose figures benchmarks/NOTES.md quotes run, and their kernels are correct.
+"""GPU: the exploration scripts whose figures benchmarks/NOTES.md quotes run, and their kernels are
+correct.
 
-Each script checks every kernel's output against the float64 formula (bench_rms_norm.out_of_tolerance) before
-timing it and exits non-zero on a mismatch; one round keeps these runs short.
+Each script checks every kernel's output against the float64 formula
+(bench_rms_norm.out_of_tolerance) before timing it and exits non-zero on a mismatch; one round keeps
+these runs short. time_plans.py --copy checks only that each launcher writes all of Y, finite (a
+copy computes its own math), and times five rounds, as its ratios are held to a band.
 """
 
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, SAMPLE_PATH
 
 pytestmark = pytest.mark.gpu
 
@@ -20,13 +24,54 @@ def run(script, *args):
     proc = subprocess.run([sys.executable, str(EXPERIMENTS / script), *args], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| dtype")]
+    headers = ("| dtype", "| tokens x hidden")
+    lines = proc.stdout.splitlines()
+    return [line for line in lines if line.startswith("| ") and not line.startswith(headers)]
 
 
 def test_time_plans_times_torch_compile_in_the_same_rounds():
     rows = run("time_plans.py", "--shapes", "128x1024", "--plans", "t64k2", "--rounds", "1", "--compile")
     assert [row.split(" | ")[2].split()[0] for row in rows] == ["copy_", "own", "torch.compile", "t64k2"]
     assert all(row.count("|") == 8 for row in rows)  # seven cells: the third ratio is time / torch.compile
+
+
+# A copy with a third input, B, as a LayerNorm's bias: the sample's kernel, which ignores it. A
+# launcher that the script called with the sample's (X, W) alone would fail on the missing argument.
+THREE_INPUTS = """
+import torch
+
+import rms_norm_plugin_cutedsl as sample
+from rms_norm_plugin_cutedsl import DEFAULT_EPSILON, DTYPES, gpu_arch, is_sm90, token_schedule
+
+
+def make_inputs(num_tokens, hidden, dtype, seed, w_dtype="float32"):
+    return (*sample.make_inputs(num_tokens, hidden, dtype, seed, w_dtype), torch.zeros(hidden))
+
+
+def compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=False):
+    launcher = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx)
+    return lambda x, w, b, y, num_tokens, stream: launcher(x, w, y, num_tokens, stream)
+"""
+
+
+@pytest.mark.parametrize("source", ["the sample's", "three inputs"])
+def test_time_plans_times_a_copy_against_the_sample(tmp_path, source):
+    """The same kernel either side: copy / sample within a loose band around 1, at a few-token and a
+    many-token count (two plans of one launcher)."""
+    copy = tmp_path / "my_norm.py"
+    if source == "three inputs":
+        copy.write_text(THREE_INPUTS)
+    else:
+        shutil.copy(SAMPLE_PATH, copy)
+    rows = run("time_plans.py", "--copy", str(copy), "--shapes", "1x4096,4096x4096", "--dtypes",
+               "float16,bfloat16", "--rounds", "5")
+    cells = [row.strip("| ").split(" | ") for row in rows]
+    assert [cell[:2] for cell in cells] == [["1x4096", "float16"], ["4096x4096", "float16"],
+                                            ["1x4096", "bfloat16"], ["4096x4096", "bfloat16"]]
+    for cell in cells:
+        to_copy, sample_to_copy, to_sample = map(float, cell[2:])
+        assert 0.7 <= to_sample <= 1.4, cell
+        assert to_copy > 0.0 and sample_to_copy > 0.0, cell
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

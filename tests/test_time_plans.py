@@ -1,6 +1,9 @@
-"""CPU: benchmarks/experiments/time_plans.py builds the plans its specs name, and its launch bound reaches ptxas.
+"""CPU: benchmarks/experiments/time_plans.py builds the plans its specs name, and its launch bound
+reaches ptxas; its flags, --copy's file and hooks among them, are checked before any GPU work, and a
+user's error ends in one sentence.
 
-The plans below are worked out by hand from the spec grammar in the script's docstring (not from plan_kernel).
+The plans below are worked out by hand from the spec grammar in the script's docstring (not from
+plan_kernel).
 """
 
 import re
@@ -8,7 +11,7 @@ import shutil
 
 import pytest
 
-from conftest import load_experiment
+from conftest import SAMPLE_PATH, load_experiment
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +78,98 @@ def test_the_register_report_counts_loads_issued_after_the_first_wait(time_plans
     plan = time_plans.parse_plan(spec, hidden, 2)
     ptx = time_plans.compile_plan(time_plans.sample, "float16", plan, "sm_90a").__ptx__
     assert time_plans.ptxas_report(ptx)[2:] == order
+
+
+@pytest.fixture
+def sample_copy(tmp_path):
+    """A copy of the sample under another name, as a user starts an adaptation."""
+    path = tmp_path / "my_norm.py"
+    shutil.copy(SAMPLE_PATH, path)
+    return path
+
+
+def refusal(time_plans, capsys, *argv):
+    """The one line a refused command line writes to stderr (exit 2, nothing on stdout)."""
+    with pytest.raises(SystemExit) as exit_:
+        time_plans.main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, ""), err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_the_shapes_of_a_copy_are_parsed(time_plans, sample_copy):
+    args = time_plans.parse_args(["--copy", str(sample_copy), "--shapes", "4096x1536, 1 x1024"])
+    assert args.shapes == [(4096, 1536), (1, 1024)]
+    assert args.copy.__file__ == str(sample_copy)
+    assert args.copy.token_schedule is not time_plans.sample.token_schedule  # the copy's own
+
+
+@pytest.mark.parametrize("shapes", ["4096x", "4096", "0x1024", "4096x1536,", "ax1024"])
+def test_malformed_shapes_are_refused(time_plans, capsys, sample_copy, shapes):
+    line = refusal(time_plans, capsys, "--copy", sample_copy, "--shapes", shapes)
+    assert f"--shapes {shapes!r}: expected comma-separated TOKENSxHIDDEN" in line
+
+
+def test_a_copy_that_is_no_file_is_refused(time_plans, capsys, tmp_path):
+    line = refusal(time_plans, capsys, "--copy", tmp_path / "missing.py", "--shapes", "1x1024")
+    assert line == f"error: --copy {tmp_path / 'missing.py'} is not a file"
+
+
+@pytest.mark.parametrize("source,why", [
+    ("x = 1\n", "lacks compile_launcher, token_schedule, is_sm90, gpu_arch, make_inputs, DTYPES, "
+                "DEFAULT_EPSILON"),
+    ("def (:\n", "failed to import (SyntaxError: "),
+    ("import no_such_package_here\n", "failed to import (ModuleNotFoundError: "),
+])
+def test_a_file_without_the_hooks_is_refused(time_plans, capsys, tmp_path, source, why):
+    path = tmp_path / "not_a_copy.txt"  # any name: a copy need not end in .py
+    path.write_text(source)
+    assert why in refusal(time_plans, capsys, "--copy", path, "--shapes", "1x1024")
+
+
+def test_a_copy_that_dropped_one_hook_is_refused_naming_it(time_plans, capsys, sample_copy):
+    sample_copy.write_text(sample_copy.read_text().replace("def make_inputs(", "def inputs_for("))
+    line = refusal(time_plans, capsys, "--copy", sample_copy, "--shapes", "1x1024")
+    assert f"--copy {sample_copy} lacks make_inputs: a copy keeps the sample's" in line
+
+
+@pytest.mark.parametrize("argv,why", [
+    (("--plans", "t64k2"), "exactly one of --plans"),  # with --copy: both
+    (("--dtypes", "float64"), "the sample has no dtype 'float64'"),
+    (("--rounds", "0"), "--rounds must be at least 1"),
+    (("--compile",), "--compile times torch.compile's RMSNorm"),
+])
+def test_a_copy_with_flags_it_cannot_take_is_refused(time_plans, capsys, sample_copy, argv, why):
+    assert why in refusal(time_plans, capsys, "--copy", sample_copy, "--shapes", "1x1024", *argv)
+
+
+@pytest.mark.parametrize("argv,why", [
+    (("--shapes", "1x1024"), "exactly one of --plans"),  # neither
+    (("--plans", "t64k2"), "timing needs --shapes"),
+    (("--registers", "--plans", "t64k2"), "--registers needs --hidden"),
+    (("--shapes", "1x1024", "--plans", "t64k1"), "plan 't64k1' covers 512 elements"),
+    (("--registers", "--hidden", "40000", "--copy", "COPY"), "the copy cannot serve hidden 40000"),
+])
+def test_flags_that_cannot_be_served_are_refused(time_plans, capsys, sample_copy, argv, why):
+    argv = [sample_copy if arg == "COPY" else arg for arg in argv]
+    assert why in refusal(time_plans, capsys, *argv)
+
+
+def test_timing_without_a_gpu_is_refused_after_the_flags(time_plans, capsys, sample_copy,
+                                                         monkeypatch):
+    monkeypatch.setattr(time_plans.torch.cuda, "is_available", lambda: False)
+    line = refusal(time_plans, capsys, "--copy", sample_copy, "--shapes", "1x1024")
+    assert line == "error: timing needs a CUDA GPU, and torch finds none (--registers needs none)"
+
+
+def test_the_registers_of_a_copy_of_the_sample_are_the_samples(time_plans, capsys, sample_copy):
+    """Each plan of the copy's schedule compiles alone through support/check_kernel.py, as the
+    sample's do."""
+    time_plans.main(["--registers", "--copy", str(sample_copy), "--hidden", "1024"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[3] for line in lines] == ["copy", "sample"]  # hidden 1024: one plan
+    copy_line, sample_line = (line.split(maxsplit=4)[4] for line in lines)
+    assert copy_line == sample_line
+    assert copy_line.startswith("tokens 1+ (h1024") and " registers, 0 bytes spilled, " in copy_line

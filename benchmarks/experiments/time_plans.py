@@ -1,28 +1,48 @@
 #!/usr/bin/env python3
-"""Time hand-written plans of the sample's kernel against the plan it picks and copy_; or count their registers.
+"""Time a copy of the sample, or plans of its kernel, against the sample; or count their registers.
 
-The sample's kernel runs as it is, launched by the sample's launch_kernel: only the KernelPlan it receives differs. A
-plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
+A copy (--copy FILE): a copy of rms_norm_plugin_cutedsl.py, e.g. a LayerNorm made from it, against
+the sample. For each shape and dtype, each launcher runs whole, picking its plans from the token
+count as its own schedule does, on the inputs its own make_inputs makes (a copy with a bias takes X,
+W and B). The script calls only the hooks every copy keeps: compile_launcher, token_schedule,
+is_sm90, gpu_arch, make_inputs, DTYPES and DEFAULT_EPSILON. Each launcher's Y starts as NaN and must
+come out finite: the copy's math is its own, so that is all that is checked. The table gives, per
+shape and dtype, medians over rounds of copy / copy_, sample / copy_ and copy / sample. --registers
+(no GPU needed) lists each plan of the copy's schedule and of the sample's, with the token counts it
+serves.
+
+    python3 benchmarks/experiments/time_plans.py --copy my_layer_norm.py --shapes 4096x4096,1x8192
+    python3 benchmarks/experiments/time_plans.py --registers --copy my_layer_norm.py --hidden 4096
+
+Plans (--plans): the sample's kernel runs as it is, launched by the sample's launch_kernel: only the
+KernelPlan it receives differs. A plan is written tTkK plus flags, e.g. t96k2 or t160k4sl:
 
     T threads per row, K vectors per thread,
     s  X staged in shared memory (needs 16-byte vectors),   l  W loaded after the reduction,
     b  (with s) each row copied in by one cp.async.bulk, counted in by an mbarrier (sm_90+),
     rR R rows per CTA (default: enough rows for 128 threads),
-    qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized once it is in),
+    qQ each of them Q rows in sequence (staged plans: all Q requested up front, each normalized
+       once it is in),
     cC each row split over a cluster of C CTAs of T / C threads (X in registers, one row per CTA),
-    mM ask ptxas for at least M CTAs per SM (the plan's launch bound: it sets ptxas's register budget).
+    mM ask ptxas for at least M CTAs per SM (the plan's launch bound: it sets ptxas's register
+       budget).
 
-    python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2 [--rounds 5]
-    python3 benchmarks/experiments/time_plans.py --registers --hidden 1024 --plans t64k2,t64k2lm16   # no GPU
+    python3 benchmarks/experiments/time_plans.py --shapes 4096x1536,512x1536 --plans t96k2,t128k2
+    python3 benchmarks/experiments/time_plans.py --registers --hidden 1024 --plans t64k2,t64k2lm16
 
-Timing: each round times copy_, the sample's own plan and every plan once, in a rotating order (CUDA-graph
-replay, bench_rms_norm.py's timers); the table gives medians over rounds of time / copy_ and time / own plan.
---compile adds torch.compile (the benchmark's formula) to every round and a time / torch.compile column.
---registers compiles for sm_90a and prints what ptxas -v reports (registers, spills) and the CTAs per SM, and,
-where nvdisasm is on PATH, how many global loads the SASS issues after a thread first waits for loaded data.
+Timing: each round times copy_, the sample and the copy, or copy_, the sample's own plan and every
+plan, once each in a rotating order (CUDA-graph replay, bench_rms_norm.py's timers), for --rounds
+rounds (default 5) and each of --dtypes (default float16). The plans' table gives medians over
+rounds of time / copy_ and time / own plan; --compile adds torch.compile (the benchmark's formula)
+to their rounds and a time / torch.compile column. --registers compiles for sm_90a and prints what
+ptxas -v reports (registers, spills) and the CTAs per SM, and, where nvdisasm is on PATH, how many
+global loads the SASS issues after a thread first waits for loaded data.
 """
 
 import argparse
+import importlib.machinery
+import importlib.util
+import math
 import pathlib
 import re
 import statistics
@@ -32,8 +52,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+# The sample first: a package it lacks is then named in its one sentence
 import rms_norm_plugin_cutedsl as sample  # noqa: E402
-from support.check_kernel import compile_plan, ctas_per_sm, launch_shared_memory, ptxas_report  # noqa: E402
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import torch  # noqa: E402
+from cutlass.cute.runtime import from_dlpack  # noqa: E402
+
+from bench_records import interleaved_rounds, median_ratio  # noqa: E402
+from bench_rms_norm import (  # noqa: E402
+    checked_cute_timer, graph_timer, parse_shapes, torch_reference,
+)
+from support.check_kernel import (  # noqa: E402
+    compile_plan, ctas_per_sm, launch_shared_memory, ptxas_report,
+)
+
+# All a copy is timed through, on the copy and the sample alike: the sample's other names change.
+HOOKS = ("compile_launcher", "token_schedule", "is_sm90", "gpu_arch", "make_inputs", "DTYPES",
+         "DEFAULT_EPSILON")
+W_DTYPE = "float32"  # W's dtype in a copy's runs: the hooks' default, which every copy serves
+SEED = 0  # the copy and the sample draw their inputs from one seed
+ALIGN = 16  # the bytes of alignment compile_launcher's tensors promise its kernels
+REGISTERS_ARCH = "sm_90a"  # --registers compiles for it, no GPU needed
 
 SPEC = re.compile(r"t(\d+)k(\d+)(s?)(b?)(l?)(?:r(\d+))?(?:q(\d+))?(?:c(\d+))?(?:m(\d+))?$")
 
@@ -47,22 +87,38 @@ def parse_plan(spec: str, hidden: int, elem_bytes: int):
     threads, vecs = int(threads), int(vecs)
     own = sample.plan_kernel(hidden, elem_bytes)
     if threads > sample.WARP_THREADS and threads % sample.WARP_THREADS:
-        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps (the sum of Step 3)")
+        raise ValueError(f"plan {spec!r}: a row of more than one warp takes whole warps "
+                         "(the sum of Step 3)")
     if threads * vecs * own.vec < hidden:
-        raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, the row has {hidden}")
+        raise ValueError(f"plan {spec!r} covers {threads * vecs * own.vec} elements, "
+                         f"the row has {hidden}")
     if staged and own.vec * elem_bytes != sample.VECTOR_BYTES:
-        raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives {own.vec * elem_bytes}-byte vectors")
+        raise ValueError(f"plan {spec!r} stages X, but hidden {hidden} gives "
+                         f"{own.vec * elem_bytes}-byte vectors")
     if sequence and not staged:
         raise ValueError(f"plan {spec!r} puts rows in sequence, which needs s (X staged)")
     if bulk and not staged:
         raise ValueError(f"plan {spec!r} copies rows in bulk, which needs s (X staged)")
-    if cluster and (staged or (rows and int(rows) != 1) or threads % (sample.WARP_THREADS * int(cluster))):
-        raise ValueError(f"plan {spec!r} splits a row over a cluster: X in registers, one row per CTA, whole warps")
+    if cluster and (staged or (rows and int(rows) != 1)
+                    or threads % (sample.WARP_THREADS * int(cluster))):
+        raise ValueError(f"plan {spec!r} splits a row over a cluster: X in registers, "
+                         "one row per CTA, whole warps")
     rows = int(rows) if rows else 1 if cluster else max(1, 128 // threads)
     arrival = "bulk" if bulk else "cp.async" if staged else "registers"
-    return sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, arrival, early_weight=not late,
-                             rows_in_sequence=int(sequence or 1), cluster_ctas=int(cluster or 1),
-                             min_ctas_per_sm=int(min_ctas or 0))
+    return sample.KernelPlan(hidden, elem_bytes, own.vec, threads, rows, vecs, arrival,
+                             early_weight=not late, rows_in_sequence=int(sequence or 1),
+                             cluster_ctas=int(cluster or 1), min_ctas_per_sm=int(min_ctas or 0))
+
+
+def register_report(module, dtype, plan):
+    """What ptxas makes of one plan of a module's kernel, compiled alone for sm_90a."""
+    compiled = compile_plan(module, dtype, plan, arch=REGISTERS_ARCH, w_dtype=W_DTYPE)
+    registers, spills, late, loads = ptxas_report(compiled.__ptx__)
+    ctas = ctas_per_sm(plan.cta_threads, registers, launch_shared_memory(compiled))
+    order = (f", {late} of {loads} global loads after the first wait for data" if loads is not None
+             else "")
+    return (f"{registers} registers, {spills} bytes spilled, "
+            f"{ctas} CTAs of {plan.cta_threads} threads per SM{order}")
 
 
 def print_registers(args):
@@ -70,22 +126,27 @@ def print_registers(args):
         for hidden in args.hidden:
             elem_bytes = sample.DTYPES[dtype].bytes
             own = sample.plan_kernel(hidden, elem_bytes)
-            cases = [("own plan", own)] + [(spec, parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
+            cases = [("own plan", own)]
+            cases += [(spec, parse_plan(spec, hidden, elem_bytes)) for spec in args.plans]
             for name, plan in cases:
-                compiled = compile_plan(sample, dtype, plan)
-                registers, spills, late, loads = ptxas_report(compiled.__ptx__)
-                ctas = ctas_per_sm(plan.cta_threads, registers, launch_shared_memory(compiled))
-                order = f", {late} of {loads} global loads after the first wait for data" if loads is not None else ""
-                print(f"{dtype} hidden {hidden} {name:>12} ({plan}): {registers} registers, {spills} bytes spilled, "
-                      f"{ctas} CTAs of {plan.cta_threads} threads per SM{order}")
+                print(f"{dtype} hidden {hidden} {name:>12} ({plan}): "
+                      f"{register_report(sample, dtype, plan)}")
+
+
+def print_schedule_registers(args, modules, schedules):
+    """--registers --copy: each plan of the copy's schedule and the sample's, with the counts it
+    serves."""
+    for dtype in args.dtypes:
+        for hidden in args.hidden:
+            for name, module in modules.items():
+                for plan, counts in schedules[name, dtype, hidden]:
+                    spans = ", ".join(f"{(fewer or 0) + 1}" + (f"-{most}" if most else "+")
+                                      for fewer, most in counts)
+                    print(f"{dtype} hidden {hidden} {name:>6} tokens {spans} ({plan}): "
+                          f"{register_report(module, dtype, plan)}", flush=True)
 
 
 def time_shapes(args):
-    import torch
-
-    from bench_records import interleaved_rounds, median_ratio
-    from bench_rms_norm import checked_cute_timer, graph_timer, torch_reference
-
     arch, compiled = sample.gpu_arch(), {}
     ratios = "/ copy_ | / own plan" + (" | / torch.compile" if args.compile else "")
     print(f"| dtype | tokens x hidden | plan | us | {ratios} (median of {args.rounds} rounds) |")
@@ -96,52 +157,198 @@ def time_shapes(args):
             x = torch.randn(tokens, hidden, device="cuda", dtype=getattr(torch, names.torch))
             w = torch.rand(hidden, device="cuda") + 0.5
             y_copy = torch.empty_like(x)
-            calls = {"copy_": lambda: y_copy.copy_(x), "own plan": sample.compile_rms_norm(dtype, hidden)}
+            calls = {"copy_": lambda: y_copy.copy_(x),
+                     "own plan": sample.compile_rms_norm(dtype, hidden)}
             if args.compile:
                 inductor = torch.compile(torch_reference, dynamic=False)
                 calls["torch.compile"] = lambda: inductor(x, w)
-            plans = {"own plan": str(sample.plan_kernel(hidden, names.bytes, tokens, sm90=sample.is_sm90(arch)))}
+            own = sample.plan_kernel(hidden, names.bytes, tokens, sm90=sample.is_sm90(arch))
+            plans = {"own plan": str(own)}
             for spec in args.plans:
                 plan = parse_plan(spec, hidden, names.bytes)
                 if (dtype, plan) not in compiled:  # one compilation serves every token count
-                    compiled[dtype, plan] = compile_plan(sample, dtype, plan, arch)
+                    compiled[dtype, plan] = compile_plan(sample, dtype, plan, arch=arch)
                 calls[spec], plans[spec] = compiled[dtype, plan], str(plan)
             timers, outputs = {}, {}
             for name, call in calls.items():
                 if name in ("copy_", "torch.compile"):
                     timers[name] = graph_timer(call, tokens, hidden)
                     continue
-                outputs[name] = torch.empty_like(x)  # every plan writes its own y, kept until the shape is timed
+                # every plan writes its own y, kept until the shape is timed
+                outputs[name] = torch.empty_like(x)
                 timers[name] = checked_cute_timer(name, call, x, w, outputs[name], dtype)
             rounds = interleaved_rounds(timers, args.rounds)
+            bases = ["copy_", "own plan"] + (["torch.compile"] if args.compile else [])
             for name, times in rounds.items():
-                print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | {statistics.median(times):.2f} "
-                      f"| {median_ratio(times, rounds['copy_']):.3f} | {median_ratio(times, rounds['own plan']):.3f} |"
-                      + (f" {median_ratio(times, rounds['torch.compile']):.3f} |" if args.compile else ""),
-                      flush=True)
+                ratios = "".join(f" {median_ratio(times, rounds[base]):.3f} |" for base in bases)
+                print(f"| {dtype} | {tokens}x{hidden} | {name} {plans.get(name, '')} | "
+                      f"{statistics.median(times):.2f} |{ratios}", flush=True)
 
 
-def main():
+def launch_timer(compiled, tensors, where):
+    """A graph_timer of a compiled launcher on `tensors` (its inputs, then Y), after one launch
+    that must leave Y finite: Y starts as NaN, so an element left unwritten shows. The caller keeps
+    `tensors` alive until the shape is timed: a CuTe tensor from from_dlpack does not, and a graph
+    replayed on a tensor freed since writes to memory a later capture handed back
+    (benchmarks/NOTES.md, "A harness bug first")."""
+    cute_tensors = [from_dlpack(t, assumed_align=ALIGN) for t in tensors]
+    tokens, hidden = tensors[-1].shape
+
+    def launch():  # the stream is looked up at each call: the graph capture runs on its own
+        compiled(*cute_tensors, tokens, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+
+    launch()
+    torch.cuda.synchronize()
+    bad = int((~torch.isfinite(tensors[-1])).sum())
+    if bad:
+        sys.exit(f"error: {where}: {bad} of {tensors[-1].numel()} outputs are NaN or infinite "
+                 "(left unwritten, or the math overflowed)")
+    return graph_timer(launch, tokens, hidden)
+
+
+def time_copy(args, modules, schedules, arch):
+    """--copy: the copy's launcher against the sample's, each run whole, with copy_ as the floor."""
+    launchers = {}
+    for (name, dtype, hidden), schedule in schedules.items():  # one serves every token count
+        module = modules[name]
+        launchers[name, dtype, hidden] = module.compile_launcher(
+            schedule, dtype, W_DTYPE, module.DEFAULT_EPSILON, arch)
+    print(f"copy: {modules['copy'].__file__}; medians of {args.rounds} per-round time ratios")
+    print("| tokens x hidden | dtype | copy / copy_ | sample / copy_ | copy / sample |")
+    print("|---" * 5 + "|")
+    for dtype in args.dtypes:
+        for tokens, hidden in args.shapes:
+            keep, timers = [], {}  # every tensor of the shape, alive until it is timed
+            for name, module in modules.items():
+                inputs = module.make_inputs(tokens, hidden, dtype, SEED, w_dtype=W_DTYPE)
+                tensors = [t.cuda() for t in inputs]
+                tensors.append(torch.full_like(tensors[0], math.nan))  # Y, shaped like X
+                keep += tensors
+                timers[name] = launch_timer(launchers[name, dtype, hidden], tensors,
+                                            f"the {name} at {dtype} {tokens}x{hidden}")
+            floor = torch.empty_like(keep[0])
+            keep.append(floor)
+            timers["copy_"] = graph_timer(lambda: floor.copy_(keep[0]), tokens, hidden)
+            rounds = interleaved_rounds(timers, args.rounds)
+            ratios = [median_ratio(rounds[a], rounds[b])
+                      for a, b in (("copy", "copy_"), ("sample", "copy_"), ("copy", "sample"))]
+            cells = " | ".join(f"{r:.3f}" for r in ratios)
+            print(f"| {tokens}x{hidden} | {dtype} | {cells} |", flush=True)
+
+
+def refuse(message):
+    """A user's error: one sentence on stderr and exit 2, before any GPU work."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_copy(path):
+    """The copy of the sample at `path` as a module (its main() does not run), or a refusal."""
+    if not pathlib.Path(path).is_file():
+        refuse(f"--copy {path} is not a file")
+    name = "copy_under_test"
+    # An explicit loader, as a copy's file name need not end in .py
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        loader.exec_module(module)
+    except Exception as exc:  # whatever a user's file raises as it runs: one sentence
+        detail = " ".join(str(exc).split())  # a message of several lines in one
+        refuse(f"--copy {path} failed to import ({type(exc).__name__}: {detail})")
+    missing = [hook for hook in HOOKS if not hasattr(module, hook)]
+    if missing:
+        refuse(f"--copy {path} lacks {', '.join(missing)}: a copy keeps the sample's "
+               f"{', '.join(HOOKS)}")
+    return module
+
+
+def parse_args(argv=None):
+    """The flags, checked, with --copy's file loaded as args.copy; a user's error ends here."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plans", type=lambda s: s.split(","), required=True, help="comma-separated plan specs")
-    parser.add_argument("--shapes", type=lambda s: [tuple(map(int, p.split("x"))) for p in s.split(",")],
-                        default=[], help="TOKENSxHIDDEN,... to time")
+    parser.add_argument("--copy", metavar="FILE",
+                        help="a copy of rms_norm_plugin_cutedsl.py, timed whole against the sample")
+    parser.add_argument("--plans", type=lambda s: s.split(","),
+                        help="comma-separated plan specs of the sample's kernel")
+    parser.add_argument("--shapes", default="", metavar="NxH,...", help="TOKENSxHIDDEN,... to time")
     parser.add_argument("--hidden", type=lambda s: [int(h) for h in s.split(",")], default=[],
                         help="hidden sizes for --registers")
     parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["float16"])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--registers", action="store_true", help="ptxas register counts instead of timing")
+    parser.add_argument("--registers", action="store_true",
+                        help="ptxas register counts instead of timing")
     parser.add_argument("--compile", action="store_true",
-                        help="also time torch.compile (the benchmark's formula) in the same rounds, with a ratio column")
-    args = parser.parse_args()
+                        help="also time torch.compile (the benchmark's formula) in the rounds "
+                             "of --plans, with a ratio column")
+    args = parser.parse_args(argv)
+    if (args.copy is None) == (args.plans is None):
+        refuse("give exactly one of --plans (plans of the sample's kernel) and --copy FILE")
+    shapes = parse_shapes(args.shapes) if args.shapes else []
+    if shapes is None:
+        refuse(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, "
+               "e.g. 4096x8192,1x1024")
+    args.shapes = shapes
+    if args.registers and not args.hidden:
+        refuse("--registers needs --hidden H,... (the hidden sizes to compile)")
+    if not args.registers and not args.shapes:
+        refuse("timing needs --shapes TOKENSxHIDDEN,... (the shapes to time)")
+    if args.rounds < 1:
+        refuse(f"--rounds must be at least 1, got {args.rounds}")
+    if args.copy is not None and args.compile:
+        refuse("--compile times torch.compile's RMSNorm, which a copy need not compute: "
+               "drop it with --copy")
+    modules = [("the sample", sample)]
+    if args.copy is not None:
+        args.copy = load_copy(args.copy)
+        modules.append((f"the copy {args.copy.__file__}", args.copy))
+    for who, module in modules:
+        for dtype in args.dtypes:
+            if dtype not in module.DTYPES:
+                refuse(f"--dtypes: {who} has no dtype {dtype!r} "
+                       f"(it has {', '.join(module.DTYPES)})")
     try:
         for hidden in args.hidden + [h for _, h in args.shapes]:
             for dtype in args.dtypes:
-                for spec in args.plans:
+                for spec in args.plans or ():
                     parse_plan(spec, hidden, sample.DTYPES[dtype].bytes)
-    except (ValueError, KeyError) as exc:
-        parser.error(str(exc))
-    print_registers(args) if args.registers else time_shapes(args)
+    except ValueError as exc:
+        refuse(str(exc))
+    return args
+
+
+def find_schedules(modules, dtypes, hiddens, arch):
+    """{(name, dtype, hidden): module `name`'s schedule for them on arch}, or a refusal of a hidden
+    size that a module's token_schedule refuses."""
+    schedules = {}
+    for name, module in modules.items():
+        for dtype in dtypes:
+            for hidden in hiddens:
+                elem_bytes = module.DTYPES[dtype].bytes
+                try:
+                    schedule = module.token_schedule(hidden, elem_bytes, module.is_sm90(arch))
+                except ValueError as exc:
+                    refuse(f"the {name} cannot serve hidden {hidden} in {dtype}: {exc}")
+                schedules[name, dtype, hidden] = schedule
+    return schedules
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not args.registers and not torch.cuda.is_available():
+        refuse("timing needs a CUDA GPU, and torch finds none (--registers needs none)")
+    if args.copy is None and args.registers:
+        print_registers(args)
+    elif args.copy is None:
+        time_shapes(args)
+    else:
+        modules = {"copy": args.copy, "sample": sample}
+        arch = REGISTERS_ARCH if args.registers else sample.gpu_arch()
+        hiddens = sorted(set(args.hidden if args.registers else [h for _, h in args.shapes]))
+        schedules = find_schedules(modules, args.dtypes, hiddens, arch)
+        if args.registers:
+            print_schedule_registers(args, modules, schedules)
+        else:
+            time_copy(args, modules, schedules, arch)
 
 
 if __name__ == "__main__":
