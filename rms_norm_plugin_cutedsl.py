@@ -717,6 +717,10 @@ CLUSTER_CTAS = 4  # CTAs, on as many SMs, that share each row in the cluster pla
 ROWS_IN_SEQUENCE = 2  # rows each CTA of the mid plan normalizes in turn
 BULK_ROW_BYTES = 8192  # on sm_90+, mid-plan rows longer than this arrive in bulk
 MID_BOUND = (480, 2)  # mid plans of 480+ threads ask for 2 CTAs/SM, where it fits
+# ptxas, left to choose, spills 8 bytes in one mid plan to fit 8 CTAs per SM;
+# asked for 8, it fits them with no spill: {(hidden, elem_bytes): CTAs/SM}.
+# support/check_kernel.py finds such plans in a copy.
+PTXAS_MID_BOUNDS = {(2560, 4): 8}
 
 
 def registers_needed(plan: KernelPlan) -> int:
@@ -811,6 +815,13 @@ def vector_elements(hidden: int, elem_bytes: int) -> int:
     return vec
 
 
+def mid_bound(hidden: int, elem_bytes: int, threads: int) -> int:
+    """The launch bound a mid plan of `threads` threads a row asks for (0: none)."""
+    if threads >= MID_BOUND[0]:
+        return MID_BOUND[1]
+    return PTXAS_MID_BOUNDS.get((hidden, elem_bytes), 0)
+
+
 def split_row(hidden, elem_bytes, vecs_per_thread, line, ctas=1, **choices) -> KernelPlan:
     """A plan whose threads hold vecs_per_thread vectors each, over `ctas` CTAs.
 
@@ -866,7 +877,7 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
             line,
             arrival="bulk" if bulk else "cp.async",
             rows_in_sequence=ROWS_IN_SEQUENCE,
-            min_ctas_per_sm=MID_BOUND[1] if threads >= MID_BOUND[0] else 0,
+            min_ctas_per_sm=mid_bound(hidden, elem_bytes, threads),
         )
         if staged_fits(plan, sm90):
             return fit_registers(plan)
