@@ -130,6 +130,26 @@ def test_a_launch_bound_ptxas_cannot_meet_exits_1(tmp_path):
     assert " 32 MISSED " in out and "0 spill, 1 miss their launch bound" in out, out
 
 
+def test_a_plan_that_fails_to_compile_is_listed_and_the_check_goes_on(tmp_path):
+    """The copy's compile_launcher refuses sm_80: that plan's line says why, sm_90a's plan still
+    compiles, and the check exits 1."""
+    copy = copy_with(tmp_path, """
+_own_compile_launcher = compile_launcher
+
+
+def compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=False):
+    if arch == "sm_80":
+        raise ValueError("this copy has no sm_80 kernel")
+    return _own_compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx)
+""")
+    code, out, err = run_tool(copy, "--hidden", "1024", "--pairs", "float16/float32")
+    assert code == EXIT_FOUND, out + err
+    assert ("FAILED sm_80 float16/float32 hidden 1024, plan 0 of its schedule: ValueError: this "
+            "copy has no sm_80 kernel") in out, out
+    assert [row[:3] for row in plan_rows(out)] == [["sm_90a", "float16/float32", "1024"]], out
+    assert "1 kernels compiled, 1 failed to compile; 0 spill" in out, out
+
+
 def test_a_file_without_compile_launcher_exits_2_in_one_sentence(tmp_path):
     code, out, err = run_tool(copy_with(tmp_path, "del compile_launcher\n"))
     assert code == EXIT_USAGE
@@ -163,6 +183,35 @@ def test_ctas_per_sm_take_each_archs_shared_memory():
     assert check_kernel.ctas_per_sm(256, 32, 100 * 1024, "sm_80") == 1
     assert check_kernel.ctas_per_sm(256, 32, 100 * 1024, "sm_90a") == 2
     assert check_kernel.ctas_per_sm(256, 32, 0) == 8  # registers: 64K / (32 x 256)
+
+
+PTX = """
+.visible .entry k(
+	.param .u64 .ptr .global .align 16 k_param_0,
+	.param .u64 .ptr .global .align 16 k_param_1,
+	.param .u64 .ptr .global .align 16 k_param_2
+)
+{
+	ld.param.b64 	%rd1, [k_param_0];
+	ld.param.b64 	%rd2, [k_param_1];
+	mul.wide.u32 	%rd3, %r1, 8;
+	add.s64 	%rd4, %rd1, %rd3;
+	add.s64 	%rd5, %rd2, %rd3;
+	ld.global.v4.b32 	{%r2, %r3, %r4, %r5}, [%rd5];
+	@%p1 ld.global.v2.b32 	{%r6, %r7}, [%rd4+16];
+	cp.async.cg.shared.global [%r8], [%rd4], 16, 16;
+	cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r9], [%rd4], %r10, [%r11];
+	ld.param.b64 	%rd6, [k_param_2];
+	st.global.v2.b16 	[%rd6], {%rs1, %rs2};
+}
+"""
+
+
+def test_x_loads_are_traced_to_the_first_parameter_and_every_global_store_is_y():
+    """W's 16-byte load (parameter 1) is not X's; X's 8-byte load, cp.async and bulk copy are."""
+    x_loads, y_stores = check_kernel.global_accesses(PTX)
+    assert x_loads == {("ld", 8), ("cp.async", 16), ("bulk", 0)}
+    assert y_stores == {4}
 
 
 def whole_vectors(plan):
