@@ -5,7 +5,7 @@ Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a
 reduction): the numbers ROW_PLANS marks R were tuned to RMSNorm's register budget, and a plan that
 now spills, or fits fewer CTAs on an SM, needs them re-tuned.
 
-    python3 support/check_kernel.py --all-sizes      # the sample: about 4 minutes on 2 cores
+    python3 support/check_kernel.py --all-sizes      # the sample: about 3 minutes on 2 cores
     python3 support/check_kernel.py my_layer_norm.py --all-sizes
     python3 support/check_kernel.py my_layer_norm.py --hidden 4096,8192 --pairs float16/float32
 
