@@ -25,24 +25,6 @@ EXIT_USAGE = 2
 pytestmark = pytest.mark.skipif(shutil.which("ptxas") is None,
                                 reason="ptxas (CUDA toolkit) not on PATH")
 
-# What the sample spills or misses on the sizes --all-sizes compiles, the same with ptxas 13.0 and
-# 13.5 (requirements-test.txt pins 13.5): (arch, X/W dtypes, hidden, plan). The redesigned plan rule
-# (issue 37) empties it; then the check exits 0. Sweeps of sizes --all-sizes skips find more of the
-# same: these sm_80 plans spill over hidden 29180-32766, and fp32/fp32 hidden 2560 on sm_90a.
-KNOWN_PROBLEMS = (
-    # 8 CTAs/SM asked of 512-thread CTAs (2-byte vectors of an odd row): ptxas ignores the bound
-    {(arch, f"{x}/{w}", 1023, "h1023b2v1t512r1q1c1m8k2_wearly_registers")
-     for arch in ("sm_80", "sm_90a") for x in ("float16", "bfloat16")
-     for w in ("float32", "float16", "bfloat16")}
-    # the many-token plan of the longest rows spills 4-8 bytes on sm_80, at the 64 registers a
-    # thread of a 1024-thread CTA may hold
-    | {("sm_80", pair, 32764, "h32764b2v4t1024r1q1c1m0k8_wlate_registers")
-       for pair in ("float16/float16", "bfloat16/float16", "bfloat16/bfloat16")}
-    | {("sm_80", "float32/float32", 32764, "h32764b4v4t1024r1q1c1m0k8_wlate_registers"),
-       ("sm_80", "float32/float32", 32766, "h32766b4v2t1024r1q1c1m0k16_wlate_registers")}
-)
-
-
 def run_tool(*args, env=None):
     proc = subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=900)
@@ -251,9 +233,8 @@ def test_all_sizes_cover_every_row_class_and_every_plan_kind_in_it(elem_bytes):
 def test_the_sample_does_not_spill_at_any_size():
     """CI's spill check: `check_kernel.py --all-sizes` on the sample, every plan of every row-length
     class for all nine dtype pairs on sm_80 and sm_90a (1884 kernels). Expensive: about 3 minutes
-    on CI's 2 cores (370 CPU-seconds). Only KNOWN_PROBLEMS may spill or miss a bound."""
+    on CI's 2 cores (370 CPU-seconds). No kernel may spill or miss its launch bound."""
     code, out, err = run_tool("--all-sizes")
     assert not err, err
-    problems = problem_rows(out)
-    assert set(problems) <= KNOWN_PROBLEMS, out
-    assert code == (EXIT_FOUND if problems else 0), out
+    assert problem_rows(out) == {}, out
+    assert code == 0, out
