@@ -169,7 +169,8 @@ class KernelPlan:
     # Step 1: X straight into "registers", or staged in shared memory ([3]) by
     # "cp.async" (a copy per vector) or "bulk" copy (one per row, sm_90+).
     arrival: str = "registers"
-    early_weight: bool = True  # W loaded with X (Step 1), or in Step 5
+    early_weight: bool = True  # W loaded with X (Step 1), or after the reduction
+    weight_by_vector: bool = False  # a late W loaded a vector at a time in Step 5
     rows_in_sequence: int = 1  # rows each slot normalizes in turn (staged plans)
     cluster_ctas: int = 1  # CTAs of a cluster that share each row (sm_90+)
     min_ctas_per_sm: int = 0  # a launch bound: ptxas budgets registers for it
@@ -229,6 +230,8 @@ class KernelPlan:
     def __str__(self) -> str:
         """A short tag: CuteDSL names a kernel after it and cuts names at 180 characters."""
         weight = "early" if self.early_weight else "late"
+        if self.weight_by_vector:
+            weight = "vector"
         return (
             f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}"
             f"r{self.rows_per_cta}q{self.rows_in_sequence}c{self.cluster_ctas}"
@@ -256,6 +259,8 @@ class KernelPlan:
             f"{self.vecs_per_thread} vectors of {self.vec} x {self.elem_bytes * 8}-bit"
         )
         weight = "first" if self.early_weight else "late"
+        if self.weight_by_vector:
+            weight = "late, a vector at a time"
         return (
             f"{self.threads_per_row} threads/row x {vectors}, {rows}, {where}, "
             f"W {weight}{bound}"
@@ -373,13 +378,14 @@ def inverse_rms(plan: cutlass.Constexpr, total, epsilon: cutlass.Constexpr):
 def store_row(plan: cutlass.Constexpr, normalize, x, mY, row, row_ok, t):
     """Step 5: y = normalize(x, k) in FP32, cast once, stored as X came in.
 
-    x is (tXrX, sX, slot). With W first and X in registers, all the thread's
-    vectors at once (k None); otherwise vector by vector, which lets a late W
-    arrive one vector at a time and a staged row come again from shared
-    memory instead of being held through Steps 3-4.
+    x is (tXrX, sX, slot). With X in registers, all the thread's vectors at
+    once (k None); otherwise vector by vector, which lets a staged row come
+    again from shared memory instead of being held through Steps 3-4, and W
+    arrive a vector at a time where the plan says so.
     """
     tXrX, sX, slot = x
-    if cutlass.const_expr(plan.arrival == "registers" and plan.early_weight):
+    whole = plan.arrival == "registers" and not plan.weight_by_vector
+    if cutlass.const_expr(whole):
         tYrY = cute.make_rmem_tensor((plan.vec, plan.vecs_per_thread), mY.element_type)
         y = normalize(tXrX.load().to(Float32), None)
         tYrY.store(y.to(mY.element_type))
@@ -387,7 +393,7 @@ def store_row(plan: cutlass.Constexpr, normalize, x, mY, row, row_ok, t):
         for k in cutlass.range_constexpr(plan.vecs_per_thread):
             j = t + k * plan.threads_per_row
             if plan.owns(j):
-                if cutlass.const_expr(plan.arrival == "registers" and plan.early_weight):
+                if cutlass.const_expr(whole):
                     cute.autovec_copy(tYrY[None, k], mY[row, None, j])
                 else:
                     xk = tXrX[None, k]
@@ -445,11 +451,16 @@ def rms_norm_kernel(
             unstage_row(plan, t, i, row_ok, staged, slot, tXrX, columns)
         total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)  # Steps 2-3
         rstd = inverse_rms(plan, total, epsilon)  # Step 4
+        late = not plan.early_weight and not plan.weight_by_vector
+        if cutlass.const_expr(late and i == 0):
+            # W after the reduction: no W registers held through it.
+            for k in cutlass.range_constexpr(plan.vecs_per_thread):
+                load_columns(plan, t, columns, k)
 
         def normalize(x, k):
             """FP32 vector k of X (None: all the thread's) to FP32 Y."""
-            if cutlass.const_expr(not plan.early_weight):
-                load_columns(plan, t, columns, k)  # W late: just before its use
+            if cutlass.const_expr(plan.weight_by_vector):
+                load_columns(plan, t, columns, k)  # just before its use
             return x * rstd * tWrW[None, k].load().to(Float32)
 
         store_row(plan, normalize, (tXrX, staged[0], slot), mY, row, row_ok, t)  # Step 5
@@ -732,7 +743,7 @@ def registers_needed(plan: KernelPlan) -> int:
     Held through the reduction: X's vectors where X is in registers (or a
     later reduction reads them), and the per-column inputs where they come
     first, counted at 4 bytes an element. Held at the store: X, and the
-    columns (one vector at a time where they come late).
+    columns (one vector of them where they come a vector at a time).
     """
     x_vector = math.ceil(plan.vec * plan.elem_bytes / 4)
     column_vector = plan.vec * COLUMN_INPUTS
@@ -743,9 +754,9 @@ def registers_needed(plan: KernelPlan) -> int:
     x_at_store = x_vector
     if plan.arrival == "registers":
         x_at_store = plan.vecs_per_thread * x_vector
-    columns_at_store = column_vector
-    if plan.early_weight:
-        columns_at_store = plan.vecs_per_thread * column_vector
+    columns_at_store = plan.vecs_per_thread * column_vector
+    if plan.weight_by_vector:
+        columns_at_store = column_vector
     return OTHER_REGISTERS + max(through, x_at_store + columns_at_store)
 
 
@@ -759,14 +770,17 @@ def register_ceiling(plan: KernelPlan) -> int:
 def fit_registers(plan: KernelPlan) -> KernelPlan:
     """The plan, changed as little as it takes for what a thread holds to fit.
 
-    First W moves after the reduction (the occupancy stays); then the launch
-    bound goes (fewer CTAs per SM, which --plans shows). A bound more CTAs
-    than an SM holds could never be met, so it goes first.
+    First W moves after the reduction, then it comes a vector at a time at
+    the store (the occupancy stays); last the launch bound goes (fewer CTAs
+    per SM, which --plans shows). A bound of more threads than an SM holds
+    could never be met, so it goes first.
     """
     if plan.min_ctas_per_sm * plan.cta_threads > MAX_SM_THREADS:
         plan = dataclasses.replace(plan, min_ctas_per_sm=0)
     if plan.early_weight and registers_needed(plan) > register_ceiling(plan):
         plan = dataclasses.replace(plan, early_weight=False)
+    if not plan.early_weight and registers_needed(plan) > register_ceiling(plan):
+        plan = dataclasses.replace(plan, weight_by_vector=True)
     if plan.min_ctas_per_sm and registers_needed(plan) > register_ceiling(plan):
         plan = dataclasses.replace(plan, min_ctas_per_sm=0)
     return plan
