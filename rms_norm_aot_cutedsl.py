@@ -84,7 +84,7 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
 
 def shared_memory_bytes(plan) -> int:
     """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy (what this flavor
-    compiles): the staged rows of X (request_rows), then one FP32 sum per warp of each row slot, in as many sets as
+    compiles): the staged rows of X (stage_rows), then one FP32 sum per warp of each row slot, in as many sets as
     the CTA has rows in sequence, up to two (row_sum_buffers). A CPU test holds it to CuteDSL's own count."""
     staged = plan.cta_rows * plan.hidden * plan.elem_bytes if plan.arrival != "registers" else 0
     sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence) if plan.warps_per_row > 1 else 0

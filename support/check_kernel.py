@@ -2,8 +2,9 @@
 """Compile every plan of a copy of the sample's kernel without a GPU, and report what each costs.
 
 Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a bias, a second
-reduction): the numbers ROW_PLANS marks R were tuned to RMSNorm's register budget, and a plan that
-now spills, or fits fewer CTAs on an SM, needs them re-tuned.
+reduction) and the rule's inputs (COLUMN_INPUTS, REDUCTIONS, STAGED_INPUTS): fit_registers fits
+each plan to what a thread then holds, and this check shows what ptxas makes of it. A plan that
+spills without a launch bound can ask ptxas for its CTAs per SM in the copy's PTXAS_BOUNDS.
 
     python3 support/check_kernel.py --all-sizes      # the sample: about 3 minutes on 2 cores
     python3 support/check_kernel.py my_layer_norm.py --all-sizes

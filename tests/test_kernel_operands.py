@@ -1,7 +1,7 @@
 """CPU: what the kernel's index arithmetic computes, not only which instructions it contains.
 
 Two ways, both without a GPU. The sample's index arithmetic is plain Python that the kernel runs on Int32 values
-(KernelPlan.thread_slot, owns, clamp, staged_bytes; the launcher's serves): here it runs on ints and is held to
+(KernelPlan.thread_slot, owns and clamp; staged_bytes; the launcher's serves): here it runs on ints and is held to
 a brute-force count of rows, threads and vectors written out in the test. And where a wrong number would hang
 the kernel rather than make it wrong (the bytes an mbarrier waits for), the operands in the PTX itself are
 evaluated: a small interpreter of PTX's integer instructions computes, for each CTA of a grid, the value the
