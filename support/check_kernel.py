@@ -269,8 +269,34 @@ def all_sizes(module, elem_bytes: int) -> list:
         candidates = (fewest, most, whole, whole - vector, -(-fewest // vector) * vector + vector,
                       most - (most - vector // 2) % vector, most - (most + 1) % 2,
                       most // step * step)
-        sizes.update(hidden for hidden in candidates if fewest <= hidden <= most)
+        chosen = {hidden for hidden in candidates if fewest <= hidden <= most}
+        sizes.update(chosen | rarer_kinds(module, elem_bytes, fewest, most, chosen))
     return sorted(sizes)
+
+
+def plan_kind(plan) -> tuple:
+    """What sets a plan's code apart, hidden aside."""
+    return (plan.arrival, plan.cluster_ctas > 1, plan.rows_in_sequence > 1, plan.early_weight,
+            getattr(plan, "weight_by_vector", False), plan.min_ctas_per_sm > 0,
+            plan.vec * plan.elem_bytes == WIDEST_ACCESS, plan.ragged)
+
+
+def rarer_kinds(module, elem_bytes: int, fewest: int, most: int, chosen: set) -> set:
+    """For each kind of plan the file's rule gives somewhere in the class but at none of the
+    chosen sizes (a launch bound the rule keeps for one size, W a vector at a time from some
+    length on), the first size that gives it. Plans are plain Python: the scan costs seconds."""
+    def kinds(hidden):
+        return {plan_kind(plan) for sm90 in (False, True)
+                for plan, _ in module.token_schedule(hidden, elem_bytes, sm90)}
+
+    covered = set().union(*map(kinds, chosen))
+    extra = set()
+    for hidden in range(fewest, most + 1):
+        new = kinds(hidden) - covered
+        if new:
+            extra.add(hidden)
+            covered |= new
+    return extra
 
 
 def bound_met(row: KernelReport) -> bool:

@@ -205,9 +205,9 @@ def whole_vectors(plan):
 
 def plan_kind(plan):
     """What sets a plan's code apart, hidden aside: how X arrives, a cluster, rows in sequence, W
-    first or late, a launch bound, and whether its vectors are 16 bytes."""
+    first, late or a vector at a time, a launch bound, and whether its vectors are 16 bytes."""
     return (plan.arrival, plan.cluster_ctas > 1, plan.rows_in_sequence > 1, plan.early_weight,
-            plan.min_ctas_per_sm > 0, whole_vectors(plan))
+            plan.weight_by_vector, plan.min_ctas_per_sm > 0, whole_vectors(plan))
 
 
 @pytest.mark.parametrize("elem_bytes", [2, 4])
