@@ -728,12 +728,12 @@ CLUSTER_CTAS = 4  # CTAs, on as many SMs, that share each row in the cluster pla
 ROWS_IN_SEQUENCE = 2  # rows each CTA of the mid plan normalizes in turn
 BULK_ROW_BYTES = 8192  # on sm_90+, mid-plan rows longer than this arrive in bulk
 MID_BOUND = (480, 2)  # mid plans of 480+ threads ask for 2 CTAs/SM, where it fits
-# Plans in which ptxas, choosing registers alone, spills a few bytes to reach
-# the CTAs/SM given here; asked for them, it fits them without a spill. For a
-# copy, support/check_kernel.py lists such a plan (a spill, no launch bound)
-# with its tag and CTAs/SM.
-PTXAS_BOUNDS = {
-    "h2560b4v4t160r1q2c1m0k4_wearly_bulk": 8,  # fp32 X, mid rows, sm_90a
+# Plans in which ptxas, choosing registers alone, spills a few bytes to fit one
+# more CTA per SM. They ask for the CTAs per SM the estimate gives, which ptxas
+# meets without a spill. support/check_kernel.py lists such a plan of a copy (a
+# spill without a launch bound) by its tag.
+BOUND_BY_ESTIMATE = {
+    "h2560b4v4t160r1q2c1m0k4_wearly_bulk",  # fp32 X, mid rows, sm_90a
 }
 
 
@@ -765,6 +765,13 @@ def register_ceiling(plan: KernelPlan) -> int:
     ctas = max(1, plan.min_ctas_per_sm)
     per_thread = REGISTERS_PER_SM // (ctas * plan.cta_threads)
     return min(MAX_THREAD_REGISTERS, per_thread // 8 * 8)  # allocated 8 at a time
+
+
+def estimated_ctas(plan: KernelPlan) -> int:
+    """The CTAs per SM that registers_needed leaves room for (at least one)."""
+    registers = math.ceil(registers_needed(plan) / 8) * 8
+    by_registers = REGISTERS_PER_SM // (registers * plan.cta_threads)
+    return max(1, min(by_registers, MAX_SM_THREADS // plan.cta_threads))
 
 
 def fit_registers(plan: KernelPlan) -> KernelPlan:
@@ -862,9 +869,8 @@ def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
     sm90=False: no clusters or bulk copies (older GPUs, the AOT flavor).
     """
     plan = fit_registers(table_plan(hidden, elem_bytes, num_tokens, sm90))
-    bound = PTXAS_BOUNDS.get(str(plan))
-    if bound:
-        plan = dataclasses.replace(plan, min_ctas_per_sm=bound)
+    if str(plan) in BOUND_BY_ESTIMATE:
+        plan = dataclasses.replace(plan, min_ctas_per_sm=estimated_ctas(plan))
     return plan
 
 

@@ -4,7 +4,8 @@
 Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a bias, a second
 reduction) and the rule's inputs (COLUMN_INPUTS, REDUCTIONS, STAGED_INPUTS): fit_registers fits
 each plan to what a thread then holds, and this check shows what ptxas makes of it. A plan that
-spills without a launch bound can ask ptxas for its CTAs per SM in the copy's PTXAS_BOUNDS.
+spills without a launch bound can ask ptxas for the CTAs per SM of its estimate: put its tag in the
+copy's BOUND_BY_ESTIMATE.
 
     python3 support/check_kernel.py --all-sizes      # the sample: about 3 minutes on 2 cores
     python3 support/check_kernel.py my_layer_norm.py --all-sizes
