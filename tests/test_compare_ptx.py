@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, SAMPLE_PATH, load_experiment
 
 SCRIPT = ROOT / "benchmarks" / "experiments" / "compare_ptx.py"
-PLAIN_RSQRT = "else cute.math.rsqrt(mean_sq_eps)\n"
+PLAIN_RSQRT = "    return cute.math.rsqrt(mean_sq_eps)\n"
 
 TWO_KERNELS = """.version 8.8
 .target sm_90a
@@ -62,7 +62,7 @@ def test_an_edit_of_one_branch_differs_in_exactly_the_kernels_that_take_it(tmp_p
     source = SAMPLE_PATH.read_text()
     assert source.count(PLAIN_RSQRT) == 1, "the sample's plain rsqrt moved: update this test's edit"
     (tmp_path / SAMPLE_PATH.name).write_text(source.replace(PLAIN_RSQRT,
-                                                            "else Float32(1.0) / cute.math.sqrt(mean_sq_eps)\n"))
+                                                            "    return Float32(1.0) / cute.math.sqrt(mean_sq_eps)\n"))
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--arch", "sm_80", "--hidden", "1024"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
