@@ -632,11 +632,11 @@ def send_sum_to_cluster(plan: cutlass.Constexpr, total, sSum, sums_in, n: cutlas
 #
 # Register numbers are not tuned: they follow from what a thread holds, by
 # fit_registers(). Its inputs are the three constants below, the only ones
-# an adapter of the math changes here. A launch bound or W first is kept
-# only where what the thread then holds fits the registers left to it.
+# an adapter of the math changes here. W first, a whole late W and a launch
+# bound are kept only where what the thread then holds fits its registers.
 #
-# Traffic and latency numbers were timed on the H200 (benchmarks/NOTES.md
-# says against what) and hold for any op that reads each row once: ROW_PLANS
+# Traffic and latency numbers were timed (benchmarks/NOTES.md says where and
+# against what) and hold for any op that reads each row once: ROW_PLANS
 # and the thresholds after it. A row picks a line of ROW_PLANS by its bytes,
 # the call's token count n one of the line's plans:
 #
