@@ -9,18 +9,22 @@ through the routes LLM users take:
   scale, followed by a Cast back to fp16), weights in external data;
 * the same exporter at torch's default opset (20 in torch 2.13): the
   decomposed Cast, Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Cast, Mul chain
-  (Qwen3, bf16, whose q/k norms run over the head dimension of rank-4 tensors);
-* the TorchScript exporter (``dynamo=False``) at opset 17: the chain with
-  ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama fp16, Gemma
-  fp32), and at opset 18 without constant folding, where Gemma's ``1 + w``
+  (Qwen3, bf16, whose q/k norms run over the head dimension of rank-4 tensors;
+  Mistral, fp32 without the Casts, its input_ids and attention_mask INT32);
+* the TorchScript exporter (``dynamo=False``) at opset 17, as Optimum uses it:
+  the chain with ``Div(1, Sqrt)`` and ReduceMean's axes as an attribute (Llama
+  fp16, Gemma fp32, Phi-3 fp16, also after onnxruntime's symbolic shape
+  inference), and at opset 18 without constant folding, where Gemma's ``1 + w``
   stays an Add (fp16, the Cast back to fp16 after an fp32 product);
 * onnxruntime-genai's model builder (``-p fp16``), weights in external data:
   for its CUDA target SimplifiedLayerNormalization and com.microsoft
   SkipSimplifiedLayerNormalization, for its TensorRT-RTX target the chain with
   ``Div(1, Sqrt)``.
 
-Each model is made once per test session (see test_onnx_model.py's fixtures).
-The one-node models, written with onnx.helper, vary one attribute at a time.
+In each, the residual Add before a norm is what the rewrite fuses. Each model
+is made once per test session (see test_onnx_model.py's fixtures). The
+one-node models, written with onnx.helper, vary one attribute at a time;
+plugin_functions lets onnxruntime run a rewritten model.
 """
 
 import subprocess
@@ -34,20 +38,26 @@ from onnx import TensorProto, helper, numpy_helper
 HIDDEN = 64
 VOCAB = 128
 CONFIG = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, head_dim=32, vocab_size=VOCAB, max_position_embeddings=256)
+              num_key_value_heads=1, head_dim=32, vocab_size=VOCAB, max_position_embeddings=256,
+              rms_norm_eps=1e-6)  # most families' default; Phi-3's is 1e-5
 
 
 def decoder(family: str, dtype: str, seed: int = 0):
-    """A transformers causal LM of `family` ("llama", "gemma", "qwen3") with random weights, in `dtype`."""
+    """A transformers causal LM of `family` ("llama", "gemma", "qwen3", "mistral", "phi3") with
+    random weights, in `dtype`."""
     import transformers
 
     config_class, model_class = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[family]
+    # Phi-3's default special tokens (32000) lie outside the small vocabulary, which they must not.
+    tokens = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2) if family == "phi3" else {}
     torch.manual_seed(seed)
-    model = model_class(config_class(**CONFIG)).to(getattr(torch, dtype)).eval()
+    model = model_class(config_class(**CONFIG, **tokens)).to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # norm weights other than the initial ones, so that a dropped scale shows
         for name, parameter in model.named_parameters():
             if "norm" in name:
@@ -66,17 +76,20 @@ class LogitsOnly(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def example_inputs():
+def example_inputs(index_dtype="int64"):
     ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(getattr(torch, index_dtype))
     return ids, torch.ones_like(ids)
 
 
-def export_dynamo(path, family, dtype, opset=23, external_data=False):
-    """torch.onnx.export(dynamo=True) at `opset` (None: torch's default), batch and sequence dynamic."""
+def export_dynamo(path, family, dtype, opset=23, external_data=False, index_dtype="int64"):
+    """torch.onnx.export(dynamo=True) at `opset` (None: torch's default), batch and sequence
+    dynamic; input_ids and attention_mask have the example inputs' dtype, `index_dtype`."""
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=256)
     dims = {0: batch, 1: seq}
-    program = torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), None, dynamo=True,
-                                input_names=["input_ids", "attention_mask"], output_names=["logits"],
+    program = torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(index_dtype),
+                                None, dynamo=True, input_names=["input_ids", "attention_mask"],
+                                output_names=["logits"],
                                 dynamic_shapes=(dims, dims), verbose=False,
                                 **({"opset_version": opset} if opset else {}))
     program.save(str(path), external_data=external_data)
@@ -91,6 +104,16 @@ def export_torchscript(path, family, dtype, opset=17, fold=True):
                       input_names=["input_ids", "attention_mask"], output_names=["logits"],
                       dynamic_axes={"input_ids": dims, "attention_mask": dims}, do_constant_folding=fold)
     return path
+
+
+def with_symbolic_shapes(path):
+    """The model at `path` after onnxruntime's symbolic shape inference (auto_merge: a dimension
+    ONNX's inference could not name takes the name of the one it must equal), written beside it."""
+    out = path.with_name(f"{path.stem}_shapes.onnx")
+    subprocess.run([sys.executable, "-m", "onnxruntime.tools.symbolic_shape_infer", "--input",
+                    str(path), "--output", str(out), "--auto_merge"], check=True,
+                   capture_output=True, timeout=600)
+    return out
 
 
 def export_genai(folder, target="cuda"):
@@ -131,7 +154,7 @@ def save(model, path):
     return path
 
 
-def genai_style_model():
+def genai_style_model(dtype=np.float16, bias=False):
     """SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization as onnxruntime-genai's builder writes them.
 
     Written with onnx.helper, mirroring the builder's output for a Llama (``-e cuda -p fp16``, version 0.18):
@@ -139,13 +162,16 @@ def genai_style_model():
     attributes, ``""`` for the unused mean and inverse-RMS outputs, the fourth output (the residual sum) on all
     but the last skip norm, and value_info for every tensor. MatMuls stand in for its attention, which TensorRT
     cannot import (GroupQueryAttention is an onnxruntime op); test_onnx_model.py checks the real builder's
-    output against the same expectations.
+    output against the same expectations. `dtype` is every tensor's but input_ids' (the builder's
+    -p fp32 writes float32); bias=True gives each skip norm the op's optional fourth input, a
+    bias, which the builder leaves out.
     """
     rng = np.random.default_rng(0)
+    elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
     def weight(name, *shape):
         return numpy_helper.from_array((rng.uniform(-0.5, 1.5, shape) / (shape[0] if len(shape) > 1 else 1)
-                                        ).astype(np.float16), name)
+                                        ).astype(dtype), name)
 
     act = ["batch_size", "sequence_length", HIDDEN]
     embedded, normed, attn = "/model/embed_tokens/Gather/output_0", "/model/layers.0/input_layernorm/output_0", \
@@ -158,11 +184,15 @@ def genai_style_model():
         helper.make_node("SimplifiedLayerNormalization", [embedded, "model.layers.0.input_layernorm.weight"], [normed],
                          name="/model/layers.0/input_layernorm/LayerNorm", epsilon=1e-6, axis=-1, stash_type=1),
         helper.make_node("MatMul", [normed, "attn.weight"], [attn], name="/model/layers.0/attn/o_proj/MatMul"),
-        helper.make_node("SkipSimplifiedLayerNormalization", [embedded, attn, "model.layers.0.post_attention_layernorm.weight"],
+        helper.make_node("SkipSimplifiedLayerNormalization",
+                         [embedded, attn, "model.layers.0.post_attention_layernorm.weight"]
+                         + ["bias.0"] * bias,
                          [post, "", "", residual], name="/model/layers.0/post_attention_layernorm/SkipLayerNorm",
                          domain="com.microsoft", epsilon=1e-6),
         helper.make_node("MatMul", [post, "mlp.weight"], [mlp], name="/model/layers.0/mlp/down_proj/MatMul"),
-        helper.make_node("SkipSimplifiedLayerNormalization", [residual, mlp, "model.layers.1.final_norm_layernorm.weight"],
+        helper.make_node("SkipSimplifiedLayerNormalization",
+                         [residual, mlp, "model.layers.1.final_norm_layernorm.weight"]
+                         + ["bias.1"] * bias,
                          [final], name="/model/layers.1/final_norm_layernorm/SkipLayerNorm", domain="com.microsoft",
                          epsilon=1e-6),
         helper.make_node("MatMul", [final, "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
@@ -170,11 +200,13 @@ def genai_style_model():
     initializers = [weight("model.embed_tokens.weight", VOCAB, HIDDEN), weight("attn.weight", HIDDEN, HIDDEN),
                     weight("mlp.weight", HIDDEN, HIDDEN), weight("lm_head.weight", HIDDEN, VOCAB)] + [
         weight(f"model.layers.{name}.weight", HIDDEN) for name in
-        ("0.input_layernorm", "0.post_attention_layernorm", "1.final_norm_layernorm")]
+        ("0.input_layernorm", "0.post_attention_layernorm", "1.final_norm_layernorm")] + [
+        weight(f"bias.{layer}", HIDDEN) for layer in range(2 * bias)]
     graph = helper.make_graph(
         nodes, "main_graph", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, act[:2])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, act[:2] + [VOCAB])], initializer=initializers,
-        value_info=[helper.make_tensor_value_info(name, TensorProto.FLOAT16, act)
+        [helper.make_tensor_value_info("logits", elem_type, act[:2] + [VOCAB])],
+        initializer=initializers,
+        value_info=[helper.make_tensor_value_info(name, elem_type, act)
                     for name in (embedded, normed, attn, post, residual, mlp, final)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
@@ -201,3 +233,61 @@ def huge_external_model(folder, gigabytes=2.5):
     model.ir_version = 11
     onnx.save(model, str(folder / "huge.onnx"))  # the graph only: its table stays in huge.data
     return folder / "huge.onnx", rows
+
+
+# -- the plugin's contract in ONNX ops, so that onnxruntime runs a rewritten model on the CPU ------
+
+REFERENCE_DOMAIN = "rmsnorm.reference"
+
+
+def plugin_functions(opset: int):
+    """Model-local functions computing what RmsNormPlugin's two forms compute, from its contract:
+    "plain" Y = RMSNorm(X) * W; "fused" S = X + R (an Add in X's dtype), then Y = RMSNorm(S) * W.
+    Y is computed in FP32 from X (or S) and W, and rounded once to X's dtype, as the kernel does."""
+    epsilon = helper.make_node("Constant", [], ["eps"])
+    epsilon.attribute.append(onnx.AttributeProto(name="value_float", ref_attr_name="epsilon",
+                                                 type=onnx.AttributeProto.FLOAT))
+    if opset >= 18:  # ReduceMean's axes: an input from opset 18 on, an attribute before
+        mean = [helper.make_node("Constant", [], ["axes"], value_ints=[-1]),
+                helper.make_node("ReduceMean", ["squares", "axes"], ["mean"])]
+    else:
+        mean = [helper.make_node("ReduceMean", ["squares"], ["mean"], axes=[-1])]
+
+    def norm(x):
+        return [helper.make_node("Cast", [x], ["x32"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", ["x32", "x32"], ["squares"]), *mean, epsilon,
+                helper.make_node("Add", ["mean", "eps"], ["mean_eps"]),
+                helper.make_node("Sqrt", ["mean_eps"], ["rms"]),
+                helper.make_node("Reciprocal", ["rms"], ["rstd"]),
+                helper.make_node("Cast", ["W"], ["w32"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", ["x32", "rstd"], ["normalized"]),
+                helper.make_node("Mul", ["normalized", "w32"], ["y32"]),
+                helper.make_node("CastLike", ["y32", x], ["Y"])]
+
+    def function(name, inputs, outputs, nodes):
+        return helper.make_function(REFERENCE_DOMAIN, name, inputs, outputs, nodes,
+                                    [helper.make_opsetid("", opset)], attributes=["epsilon"])
+
+    return [function("plain", ["X", "W"], ["Y"], norm("X")),
+            function("fused", ["X", "R", "W"], ["Y", "S"],
+                     [helper.make_node("Add", ["X", "R"], ["S"])] + norm("S"))]
+
+
+def runnable_by_onnxruntime(model, watched=()):
+    """A copy of a rewritten ModelProto in which every RmsNormPlugin node calls the function of its
+    form from plugin_functions instead, and the `watched` tensors are outputs too."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for node in model.graph.node:
+        if node.op_type == "RmsNormPlugin":
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            node.op_type = "fused" if attributes.get("residual") == 1 else "plain"
+            node.domain = REFERENCE_DOMAIN
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("epsilon", attributes["epsilon"]))
+    model.functions.extend(plugin_functions(opset))
+    model.opset_import.append(helper.make_opsetid(REFERENCE_DOMAIN, 1))
+    outputs = {o.name for o in model.graph.output}
+    model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in watched
+                              if name not in outputs)
+    return model
