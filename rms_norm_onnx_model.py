@@ -13,6 +13,9 @@ What you will learn
 * How to find every one of them with onnxscript's pattern rewriter and put a
   plugin node in its place, which TensorRT's ONNX parser then builds from the
   plugin registry, and how to list, with the reason, each one left to TensorRT.
+* How to fuse the residual Add before a norm into the plugin node (its fused
+  form takes X and R and also writes S = X + R, the next layer's residual),
+  and why a norm stays alone: its X is no Add of two activations of one shape.
 * How to do that to a model of any size: the weights stay in their external
   data file and are never loaded; TensorRT's parser reads the model by path.
 * How to build the rewritten model and the original, feed both the same
@@ -43,11 +46,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import itertools
 import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
 
 EXIT_USAGE = 2  # the sample's code for a usage error, needed before the sample is imported
 FLAGS_OF_THE_ONE_NODE_MODEL = ("hidden_dim", "dtype", "weight_dtype", "epsilon")
@@ -163,6 +167,8 @@ except ImportError as exc:
 
 # ONNX element type (as onnx-ir names it) -> the sample's dtype name.
 DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
+# The plugin node's attribute that selects its fused form: 1 takes [X, R, W], writes [Y, S = X + R].
+RESIDUAL_ATTRIBUTE = "residual"
 
 
 # %% [1] Load: check by path, keep the weights where they are -------------------
@@ -178,20 +184,27 @@ DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.it
 
 def declare_schemas():
     """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the plugin's op."""
-    def parameter(name, dtypes, optional=False):
-        option = onnx.defs.OpSchema.FormalParameterOption
-        return onnx.defs.OpSchema.FormalParameter(name, dtypes, param_option=option.Optional if optional else
-                                                  option.Single)
+    def parameter(name, dtypes, option="Single"):
+        option = getattr(onnx.defs.OpSchema.FormalParameterOption, option)
+        # A variadic list may mix dtypes (R has X's, W its own), so it is declared heterogeneous.
+        return onnx.defs.OpSchema.FormalParameter(name, dtypes, param_option=option,
+                                                  is_homogeneous=option.name != "Variadic")
 
     def attribute(name, value):
         return onnx.defs.OpSchema.Attribute(name, onnx.helper.make_attribute(name, value), "")
 
     floats = ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"]
+    # The plugin's two forms are [X, W] -> [Y] and, fused, [X, R, W] -> [Y, S]. A schema binds a
+    # node's inputs to its parameters by position, and an absent optional one is written as "", so
+    # an optional R between X and W would bind the plain form's W to R. X and then a variadic list,
+    # [W] or [R, W], checks both forms (the plugin refuses other lengths); S, last, is optional.
     schemas = [("SimplifiedLayerNormalization", [parameter("X", "T"), parameter("scale", "V")],
-                [parameter("Y", "V"), parameter("inv_std_var", "U", optional=True)],
+                [parameter("Y", "V"), parameter("inv_std_var", "U", "Optional")],
                 [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
-               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("W", "V")], [parameter("Y", "T")],
-                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute("plugin_version", sample.PLUGIN_VERSION),
+               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
+                [parameter("Y", "T"), parameter("S", "T", "Optional")],
+                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
+                 attribute("plugin_version", sample.PLUGIN_VERSION),
                  attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
     for name, inputs, outputs, attributes in schemas:
         if not onnx.defs.has(name):
@@ -234,21 +247,32 @@ def external_data_dirs(model: ir.Model) -> set:
 # x*x, no Cast back) and write RMSNormalization or onnxruntime's op in its
 # place even where the plugin cannot serve it, so the forms are written here
 # for its matcher, with the plugin node as the rewrite.
+#
+# Then the residual: in a decoder, a norm's X is mostly the Add of the
+# residual stream and a block's output, and that Add's output is also the next
+# residual. The plugin's fused form computes S = X + R (rounded to X's dtype,
+# as the Add rounds it) and normalizes S, so one node replaces the Add and
+# the norm, and its S takes the Add's place for every other consumer. The
+# matcher cannot take that Add into a pattern (its output is used outside the
+# match), so fuse_residual_adds() follows each plugin node's X back instead.
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Replaced:
     """One RMSNorm now computed by the plugin: where it reads and writes, and how each side rounds."""
 
     name: str
     form: str
-    x: tuple           # the tensors whose sum is X (one; or input, skip and bias of SkipSimplifiedLayerNormalization)
+    x: tuple           # what X sums: X, the fused Add's inputs, or a skip op's input, skip, bias
     scale: str
     y: str             # the tensor compared: the node's output, or that of the Cast it absorbed
     epsilon: float
     dtype: str         # X's, and the plugin's Y
     scale_dtype: str
     cast: str          # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
+    fused: str = ""    # the fused form: what it adds, for the report; "" where the node is alone
+    alone: str = ""    # why the node is alone: its X is no Add of two like activations
+    sum: str = ""      # S as the original names it, compared too; "" where it has no such tensor
 
 
 def rms_normalization(op, x, skip, scale, epsilon):
@@ -354,22 +378,79 @@ class PluginRule(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, skip, scale, norm, out=None, total=None, **_):
         node, replaced = norm.producer(), self.pending
-        parts = (x, skip) if self.form in SKIP_FORMS else (x,)
-        if self.form in SKIP_FORMS:  # TensorRT's own add (and bias, a fourth input), then the plugin
-            x = op.Add(x, skip, _name=f"{replaced.name}/residual_add")
-            if len(node.inputs) > 3 and node.inputs[3] is not None:
-                x = op.Add(x, node.inputs[3], _name=f"{replaced.name}/bias_add")
-                parts += (node.inputs[3],)
-            x.dtype, x.shape = parts[0].dtype, parts[0].shape
-        y = op.RmsNormPlugin(x, scale, _name=replaced.name, epsilon=replaced.epsilon,
-                             plugin_version=sample.PLUGIN_VERSION, plugin_namespace=sample.PLUGIN_NAMESPACE)
+        plugin = dict(_name=replaced.name, epsilon=replaced.epsilon,
+                      plugin_version=sample.PLUGIN_VERSION,
+                      plugin_namespace=sample.PLUGIN_NAMESPACE)
+        parts, r, record = (x,), None, {}
+        if self.form in SKIP_FORMS:
+            bias = node.inputs[3] if len(node.inputs) > 3 else None  # the optional fourth input
+            parts = (x, skip) + (() if bias is None else (bias,))
+            x, r, record = skip_sum(op, replaced.name, norm.graph, parts, total)
+        if r is not None:  # the fused form
+            y, s = op.RmsNormPlugin(x, r, scale, _outputs=2, **plugin, **{RESIDUAL_ATTRIBUTE: 1})
+            s.dtype, s.shape = x.dtype, x.shape
+            if total is None:  # S is written even where no node reads it, so it needs a name
+                s.name = unused_name(norm.graph, f"{replaced.name}/sum")
+        else:
+            y, s = op.RmsNormPlugin(x, scale, **plugin), x
         y.dtype, y.shape = x.dtype, x.shape  # the plugin's Y: X's dtype and shape
+        self.found["nodes"].append(y.producer())
         if replaced.cast == "appended":  # ONNX's Y has the scale's dtype, the plugin's X's
             y = op.Cast(y, to=scale.dtype, _name=f"{replaced.name}/to_scale_dtype")
         checked = (out if self.cast_back else norm).name
-        self.found["replaced"].append(
-            Replaced(**{**replaced.__dict__, "x": tuple(v.name for v in parts), "y": checked}))
-        return (y, x) if total is not None else y
+        self.found["replaced"].append(dataclasses.replace(
+            replaced, x=tuple(v.name for v in parts), y=checked, **record))
+        return (y, s) if total is not None else y
+
+
+# What a skip norm's fused node adds, without and with the op's bias, for the report.
+SKIP_SUMS = ("its own input + skip",
+             "its own input + (skip + bias): TensorRT adds the bias to the skip first, so S also "
+             "rounds skip + bias, where onnxruntime's CPU kernel sums all three in FP32")
+
+
+def skip_sum(op, name: str, graph: ir.Graph, parts: tuple, total):
+    """(X, R, the record's fields) of a skip op's plugin node, from its input, skip and bias.
+
+    The fused form adds two tensors, so TensorRT adds a bias to the skip first. A skip broadcast
+    over the input is no R of X's shape: TensorRT adds the parts, and R is None (the plain form).
+    """
+    x, skip, *bias = parts
+    differ = shapes_differ(x, skip)
+    if differ is None:
+        if bias:
+            skip = op.Add(skip, bias[0], _name=f"{name}/bias_add")
+            skip.name = unused_name(graph, f"{name}/skip_plus_bias")
+            skip.dtype, skip.shape = x.dtype, x.shape
+        return x, skip, dict(fused=SKIP_SUMS[bool(bias)], sum="" if total is None else total.name)
+    for addend, suffix in zip((skip, *bias), ("residual_add", "bias_add")):
+        x = op.Add(x, addend, _name=f"{name}/{suffix}")
+        x.dtype, x.shape = parts[0].dtype, parts[0].shape
+    return x, None, dict(alone=f"its input and skip {differ}")
+
+
+def unused_name(graph: ir.Graph, name: str) -> str:
+    """`name`, or `name` with a number appended where a value of `graph` already has it."""
+    taken = {*graph.initializers, *(v.name for v in graph.inputs),
+             *(v.name for node in ir.traversal.RecursiveGraphIterator(graph) for v in node.outputs)}
+    candidates = (f"{name}_{k}" if k else name for k in itertools.count())
+    return next(n for n in candidates if n not in taken)
+
+
+def shapes_differ(a: ir.Value, b: ir.Value) -> str | None:
+    """None where `a` and `b` are known to have one shape, else how they differ (a clause)."""
+    first, second = a.shape, b.shape
+    if first is not None and second is not None:
+        # An unnamed symbolic dimension equals any other in onnx-ir: only named ones prove equality.
+        named = all(isinstance(d, int) or d.value for d in (*first, *second))
+        if named and first == second:
+            return None
+        static = [(p, q) for p, q in zip(first, second)
+                  if isinstance(p, int) and isinstance(q, int)]
+        if len(first) != len(second) or any(p != q for p, q in static):
+            return f"differ in shape ({first} and {second})"
+    return (f"are not known to have one shape ({first} and {second}; onnxruntime.tools."
+            "symbolic_shape_infer may prove more)")
 
 
 def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
@@ -417,6 +498,61 @@ def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
     return None
 
 
+def residual_add(node: ir.Node):
+    """(the Add that writes the plugin node's X, None), or (None, why the node stays alone)."""
+    x = node.inputs[0]
+    producer = x.producer()
+    if producer is not None and producer.op_type == "Cast" and producer.inputs[0].dtype == x.dtype:
+        x, producer = producer.inputs[0], producer.inputs[0].producer()  # a Cast to the dtype X has
+    if producer is None:
+        return None, f"its X '{x.name}' is a graph input, not an Add"
+    if producer.op_type != "Add" or producer.domain not in ("", "ai.onnx"):
+        return None, f"its X is not an Add of two activations (a {producer.op_type} writes it)"
+    if producer.graph is not node.graph:
+        return None, "its Add is in an enclosing graph"
+    for value in producer.inputs:
+        if value.is_initializer() or ir.convenience.get_const_tensor(value) is not None:
+            return None, f"the Add's input '{value.name}' is a constant, not an activation"
+    a, b = producer.inputs
+    if not a.dtype == b.dtype == x.dtype:
+        return None, f"the Add's inputs are {a.dtype} and {b.dtype}, not both X's {x.dtype}"
+    differ = shapes_differ(a, b)
+    return (None, f"the Add's inputs {differ}") if differ else (producer, None)
+
+
+def fuse_residual_adds(found: dict):
+    """Make each plain plugin node whose X is a residual Add the fused form; record why not, if not.
+
+    The fused node takes the Add's inputs as X and R, and its S, named like the
+    Add's output, replaces that output everywhere; the Add goes. A Cast that X
+    passed through (to the dtype it already had) stays for its other readers.
+    """
+    graphs = set()
+    for k, (record, node) in enumerate(zip(found["replaced"], found["nodes"])):
+        if record.fused or record.alone:  # a skip norm: its rule decided
+            continue
+        add, why = residual_add(node)
+        if add is None:
+            found["replaced"][k] = dataclasses.replace(record, alone=why)
+            continue
+        total, graph = add.outputs[0], node.graph
+        cast = node.inputs[0].producer() if node.inputs[0] is not total else None
+        attributes = {name: attribute.value for name, attribute in node.attributes.items()}
+        fused = ir.node(sample.PLUGIN_NAME, [*add.inputs, node.inputs[1]],
+                        {**attributes, RESIDUAL_ATTRIBUTE: 1}, num_outputs=2, name=node.name)
+        found["replaced"][k] = dataclasses.replace(
+            record, x=tuple(v.name for v in add.inputs), sum=total.name,
+            fused=f"with the Add {node_name(add)}: S replaces its output '{total.name}'")
+        ir.convenience.replace_nodes_and_values(graph, node, [node, add], [fused],
+                                                [node.outputs[0], total], list(fused.outputs))
+        unread = cast is not None and not cast.outputs[0].uses()
+        if unread and not cast.outputs[0].is_graph_output():
+            graph.remove(cast)  # the Cast only fed the norm
+        graphs.add(graph)
+    for graph in graphs:  # S now comes later than the Add did, after the norm's weight is ready
+        graph.sort()
+
+
 def rewrite_model(model: ir.Model):
     """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm left to TensorRT: why}).
 
@@ -425,11 +561,12 @@ def rewrite_model(model: ir.Model):
     namespace from the node's plugin_version / plugin_namespace attributes,
     every other attribute handed to create_plugin as a PluginField.
     """
-    found = {"replaced": [], "left": {}, "matched": set()}
+    found = {"replaced": [], "nodes": [], "left": {}, "matched": set()}
     for cast_back in (True, False):
         rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
         pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
                                commute=True).apply_to_model(model)
+    fuse_residual_adds(found)
     # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
     # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
     for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
@@ -447,11 +584,17 @@ def rewrite_model(model: ir.Model):
 
 
 def print_report(replaced: list, left: dict):
-    """What the plugin took, and what it left to TensorRT and why: one line per RMSNorm."""
-    print(f"Replaced by {sample.PLUGIN_NAME} ({len(replaced)}):")
-    for node in replaced:
-        cast = {"absorbed": ", absorbing the Cast back", "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
-        print(f"  {node.name}: {node.form}, X {node.dtype}, scale {node.scale_dtype}, epsilon {node.epsilon:g}{cast}")
+    """What the plugin took, fused with its Add or alone and why, and what it left to TensorRT and
+    why: one line each."""
+    groups = (("Fused with their residual Add into", [r for r in replaced if r.fused]),
+              ("Replaced alone by", [r for r in replaced if not r.fused]))
+    for heading, nodes in groups:
+        print(f"{heading} {sample.PLUGIN_NAME} ({len(nodes)}):")
+        for node in nodes:
+            cast = {"absorbed": ", absorbing the Cast back",
+                    "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
+            print(f"  {node.name}: {node.form}, X {node.dtype}, scale {node.scale_dtype}, epsilon "
+                  f"{node.epsilon:g}{cast}; {node.fused or 'alone: ' + node.alone}")
     print(f"Left to TensorRT ({len(left)}):")
     for name, why in left.items():
         print(f"  {name}: {why}")
@@ -620,6 +763,15 @@ def build_engine(path: str, watched: list, profile: dict):
 # arithmetic before the roundings (a tree sum of up to 32768 squares and a
 # square root: about 20 FP32 roundings, 2^-19.7). In the subnormal range each
 # rounding errs by half the subnormal spacing instead, times |scale| at most.
+#
+# A fused node's S is its X + R rounded once to X's dtype, as the Add it
+# replaces rounds, so where the original has that tensor too, each engine's Y
+# is held to exact RMSNorm of its own S, and S to the exact sum: each add errs
+# by at most u of a partial sum, which the sum of the parts' magnitudes
+# bounds. onnxruntime's skip op normalizes its sum before rounding it, 2u more
+# on that side. A skip op that does not write its sum leaves no S to read:
+# its Y is held to exact RMSNorm of the parts' exact sum, each add moving Y by
+# up to 2u on either side.
 
 FP32_NOISE = 2.0 ** -18
 TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in sample.DTYPES.values()},
@@ -632,12 +784,16 @@ def rounding_error(dtype: str) -> float:
 
 
 def roundings(node: Replaced):
-    """(the plugin's, TensorRT's import's): the dtype of every rounding on the way from X to the compared Y."""
+    """(the plugin's, TensorRT's import's): the dtype of every rounding from X (each engine's S
+    where the node names one, else the exact sum of node.x) to the compared Y."""
     ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
     theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
         + ([node.dtype] if node.cast == "absorbed" else [])
-    if len(node.x) > 1:  # SkipSimplifiedLayerNormalization: the sum is X; each add's rounding moves Y by 2u
-        ours, theirs = (side + [node.dtype] * 2 * (len(node.x) - 1) for side in (ours, theirs))
+    if not node.sum:
+        adds = [node.dtype] * 2 * (len(node.x) - 1)  # each add's rounding moves Y by up to 2u
+        ours, theirs = ours + adds, theirs + adds
+    elif node.form in {form.__name__ for form in SKIP_FORMS}:
+        theirs += [node.dtype] * 2  # onnxruntime's op normalizes its sum before rounding it
     return ours, theirs
 
 
@@ -686,6 +842,11 @@ def run_engine(engine, feeds: dict) -> dict:
     return {name: value.double().cpu().numpy() for name, value in outputs.items()}
 
 
+def value_of(run: dict, values: dict, name: str):
+    """A graph input or initializer from `values`, else what the engine returned for it."""
+    return values[name] if name in values else run[name]
+
+
 def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
     """(within tolerance, max |ours - theirs|) at one replaced node's output.
 
@@ -693,15 +854,31 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
     earlier replaced nodes), so the bound adds what exact RMSNorm makes of
     that input difference, computed here in float64.
     """
-    def tensor(run, name):  # a graph input or initializer, else what the engine returned for it
-        return values[name] if name in values else run[name]
+    def x(run):  # the engine's own S where the node names one, else the exact sum of the parts
+        if node.sum:
+            return value_of(run, values, node.sum)
+        return sum(value_of(run, values, part) for part in node.x)
 
-    scale = tensor(theirs, node.scale)
-    exact_ours, exact_theirs = (sample.rms_norm_reference(sum(tensor(run, part) for part in node.x), scale,
-                                                          node.epsilon) for run in (ours, theirs))
+    scale = value_of(theirs, values, node.scale)
+    exact_ours, exact_theirs = (sample.rms_norm_reference(x(run), scale, node.epsilon)
+                                for run in (ours, theirs))
     a, b = ours[node.y], theirs[node.y]
     bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
         node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
+    ok = bool(np.all(np.isfinite(a)) and np.all(np.abs(a - b) <= bound))
+    return ok, float(np.max(np.abs(a - b), initial=0.0))
+
+
+def check_sum(ours: dict, theirs: dict, values: dict, node: Replaced):
+    """(within tolerance, max |ours - theirs|) at a fused node's S: the engines' exact sums of
+    node.x differ by what earlier nodes carried, and each add errs by u of the parts' sizes."""
+    parts = [[value_of(run, values, name) for name in node.x] for run in (ours, theirs)]
+    adds = [node.dtype] * (len(node.x) - 1)
+    spacing = torch.finfo(getattr(torch, sample.DTYPES[node.dtype].torch))
+    subnormal = len(adds) * spacing.tiny * spacing.eps / 2  # half the subnormal spacing per add
+    bound = np.abs(sum(parts[0]) - sum(parts[1])) + sum(
+        onnx_tolerance(adds) * sum(np.abs(part) for part in side) + subnormal for side in parts)
+    a, b = ours[node.sum], theirs[node.sum]
     ok = bool(np.all(np.isfinite(a)) and np.all(np.abs(a - b) <= bound))
     return ok, float(np.max(np.abs(a - b), initial=0.0))
 
@@ -770,8 +947,9 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
         raise sample.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
                                 f"({' '.join(str(exc).split())[:120]})") from None
     sample.check_environment()
-    watched = list(dict.fromkeys(t for node in replaced for t in (*node.x, node.scale, node.y)
-                                 if t not in original.graph.initializers and t not in profile))
+    watched = list(dict.fromkeys(
+        t for node in replaced for t in (*node.x, node.scale, node.y, node.sum)
+        if t and t not in original.graph.initializers and t not in profile))
     with beside_its_data(rewritten) as path:
         engines = [build_engine(path, watched, profile), build_engine(model_path, watched, profile)]
     weights = {name: original.graph.initializers[name].const_value.numpy().astype(np.float64)
@@ -787,9 +965,12 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
         for name in (v.name for v in original.graph.outputs):
             print(f"    output {name}: max |plugin - TensorRT| = {np.max(np.abs(ours[name] - theirs[name])):.3e}")
         for node in replaced:
-            ok, diff = check_replaced(ours, theirs, values, node)
-            print(f"    {node.name} ({node.y}): max |plugin - TensorRT| = {diff:.3e}  {'ok' if ok else 'MISMATCH'}")
-            correct &= ok
+            checks = [(node.y, check_replaced)] + ([(node.sum, check_sum)] if node.sum else [])
+            for tensor_name, check in checks:  # Y, and a fused node's S
+                ok, diff = check(ours, theirs, values, node)
+                print(f"    {node.name} ({tensor_name}): max |plugin - TensorRT| = {diff:.3e}  "
+                      f"{'ok' if ok else 'MISMATCH'}")
+                correct &= ok
         ratios.append(times[0] / times[1])
         print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import {times[1]:8.2f} us   "
               f"plugin / TensorRT {ratios[-1]:.2f}")

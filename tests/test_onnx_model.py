@@ -3,7 +3,10 @@
 The models are real exporter output (tests/onnx_models.py: transformers decoders
 through torch's dynamo exporter at opset 23 and at its default opset, the
 TorchScript exporter, and onnxruntime-genai's builder), plus one-node models
-that vary one attribute at a time. TensorRT-RTX (a real TensorRT-family
+that vary one attribute at a time. Each norm after a residual Add must be
+fused with it and the others replaced alone, as counted from the original
+graph; onnxruntime runs the rewritten model, the plugin's nodes as functions
+of its contract, as it runs the original. TensorRT-RTX (a real TensorRT-family
 builder that runs on the CPU, see tests/rtx_build_worker.py) parses each
 rewritten model by path, with the sample's plugin, and the original with its
 own importers. Running the two engines and comparing them needs a GPU and
@@ -56,6 +59,22 @@ EXPORTS = {
     "genai_style_nodes": (lambda d: onnx_models.save(onnx_models.genai_style_model(), d / "m.onnx"),
                           {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
                            "skip_simplified_layer_normalization"}, 3),
+    "genai_style_nodes_fp32_bias": (
+        lambda d: onnx_models.save(onnx_models.genai_style_model(np.float32, bias=True),
+                                   d / "m.onnx"),
+        {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
+         "skip_simplified_layer_normalization"}, 3),
+    "mistral_dynamo_default_opset_fp32_int32_inputs": (
+        lambda d: onnx_models.export_dynamo(d / "m.onnx", "mistral", "float32", opset=None,
+                                            index_dtype="int32"),
+        {"decomposed_in_x_dtype"}, 2 * LAYERS + 1),
+    "phi3_torchscript_opset17": (
+        lambda d: onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16"),
+        {"decomposed_after_cast"}, 2 * LAYERS + 1),
+    "phi3_torchscript_opset17_symbolic_shapes": (
+        lambda d: onnx_models.with_symbolic_shapes(
+            onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16")),
+        {"decomposed_after_cast"}, 2 * LAYERS + 1),
 }
 # The builder's models hold GroupQueryAttention, an onnxruntime op no TensorRT imports; the norms of its CUDA
 # target are built from genai_style_nodes, which mirror them, and its TensorRT-RTX target's chain is the
@@ -113,12 +132,135 @@ def test_every_rmsnorm_the_model_holds_is_replaced(rewrites, name):
     assert {r.epsilon for r in replaced} == {float(np.float32(1e-6))}  # transformers' rms_norm_eps for these
 
 
+def residual_norms(path) -> dict:
+    """{"fused": n, "alone": n, "unproven": n}: the model's RMSNorms, counted from its graph alone.
+
+    A norm is after a residual Add where its X is written by an Add of two computed tensors
+    (neither an initializer nor a Constant's) whose inferred shapes are one known shape;
+    "unproven" counts the alone norms whose Add has two such inputs of shapes ONNX's inference
+    cannot prove equal. X is followed back through a Cast to the dtype it has, and, for a
+    decomposed chain, through the chain's own Cast (one only the chain reads). A skip norm is
+    after its own add where its input and skip have one known shape.
+    """
+    proto = onnx.load(str(path), load_external_data=False)
+    graph = onnx.shape_inference.infer_shapes(proto, data_prop=True).graph
+    producer = {name: node for node in graph.node for name in node.output}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    constants = {t.name for t in graph.initializer} | {
+        name for name, node in producer.items() if node.op_type == "Constant"}
+    types = {v.name: v.type.tensor_type for v in (*graph.value_info, *graph.input, *graph.output)}
+    types.update({t.name: onnx.TypeProto.Tensor(elem_type=t.data_type) for t in graph.initializer})
+
+    def shape(name):
+        tensor_type = types.get(name)
+        if tensor_type is None or not tensor_type.HasField("shape"):
+            return None
+        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
+                for d in tensor_type.shape.dim]
+        return None if None in dims else dims
+
+    def one_shape(a, b):
+        return shape(a) is not None and shape(a) == shape(b)
+
+    def passed_cast(name, chain):
+        cast = producer.get(name)
+        if cast is None or cast.op_type != "Cast":
+            return None
+        same_dtype = types[cast.input[0]].elem_type == types[name].elem_type
+        return cast.input[0] if same_dtype or {n.name for n in readers[name]} <= chain else None
+
+    counts = {"fused": 0, "alone": 0, "unproven": 0}
+    for node in graph.node:
+        if node.op_type == "SkipSimplifiedLayerNormalization":
+            counts["fused" if one_shape(*node.input[:2]) else "alone"] += 1
+            continue
+        square = producer.get(node.input[0]) if node.op_type == "ReduceMean" else None
+        if node.op_type in ("RMSNormalization", "SimplifiedLayerNormalization"):
+            x, chain = node.input[0], set()  # the op reads X: only a Cast to X's dtype is passed
+        elif square is not None and square.op_type in ("Pow", "Mul"):
+            x = square.input[0]
+            # The chain's readers of its statistics: the square and the product (or quotient)
+            # by the inverse RMS.
+            chain = {square.name} | {
+                n.name for n in readers[x] if n.op_type in ("Mul", "Div") and n is not square}
+        else:
+            continue
+        add = producer.get(passed_cast(x, chain) or x)
+        computed = add is not None and add.op_type == "Add" and not set(add.input) & constants
+        counts["fused" if computed and one_shape(*add.input) else "alone"] += 1
+        counts["unproven"] += computed and not one_shape(*add.input)
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_each_norm_after_a_residual_add_is_fused_and_the_others_stay_alone(exported, rewrites,
+                                                                           name):
+    """The counts come from the original graph (residual_norms), not from the rewrite; every
+    route has both kinds: the first layer's norm reads the embedding, Qwen3's q and k norms a
+    Reshape."""
+    expected = residual_norms(exported[name])
+    _, rewritten, replaced, left = rewrites[name]
+    fused = [r for r in replaced if r.fused]
+    alone = [r for r in replaced if not r.fused]
+    assert (len(fused), len(alone), len(left)) == (expected["fused"], expected["alone"], 0)
+    assert expected["fused"] >= 2 and expected["alone"] >= 1
+    unproven = [r for r in alone if "not known to have one shape" in r.alone]
+    assert len(unproven) == expected["unproven"]
+    assert all(r.alone for r in alone) and not any(r.alone for r in fused)
+    plugins = nodes(rewritten, sample.PLUGIN_NAME)
+    assert sorted((len(n.inputs), len(n.outputs)) for n in plugins) == sorted(
+        [(2, 1)] * len(alone) + [(3, 2)] * len(fused))
+    for plugin in plugins:
+        fused_form = plugin.attributes.get_int(companion.RESIDUAL_ATTRIBUTE, 0)
+        assert fused_form == len(plugin.inputs) - 2
+
+
+def test_shapes_onnx_cannot_prove_equal_keep_norms_alone_until_symbolic_inference_does(rewrites):
+    """Phi-3's MLP slices its gate and up projections at a computed offset, where ONNX's shape
+    inference loses the batch and sequence dimensions: two residual Adds cannot be proven to add
+    one shape. onnxruntime's symbolic shape inference proves it, and then every one is fused."""
+    plain, proven = (rewrites[name][2] for name in ("phi3_torchscript_opset17",
+                                                    "phi3_torchscript_opset17_symbolic_shapes"))
+    assert sum("not known to have one shape" in r.alone for r in plain) == 2
+    assert sum(bool(r.fused) for r in proven) == sum(bool(r.fused) for r in plain) + 2 == 2 * LAYERS
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_every_reader_of_a_fused_add_reads_the_plugins_s(rewrites, name):
+    """S replaces the Add's output for every other reader (the next residual Add, a Cast to the
+    dtype it has): each node of the original that read the Add's output and is still in the graph
+    reads the plugin's S, which carries the Add's output's name."""
+    original, rewritten, replaced, _ = rewrites[name]
+    producer = {v.name: (node, k) for node in rewritten.graph for k, v in enumerate(node.outputs)}
+    kept = {node.name: node for node in rewritten.graph}
+    for record in (r for r in replaced if r.fused and r.sum):
+        plugin, index = producer[record.sum]
+        assert (plugin.op_type, plugin.name, index) == (sample.PLUGIN_NAME, record.name, 1)
+        assert plugin.inputs[0].name == record.x[0]  # R: the other part, or a skip plus its bias
+        readers = [node.name for node in original.graph
+                   if record.sum in (v.name for v in node.inputs if v)]
+        for reader in (kept[n] for n in readers if n in kept and n != record.name):
+            assert record.sum in (v.name for v in reader.inputs if v), reader.name
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_the_rewritten_model_passes_onnx_checker(exported, rewrites, name):
+    """The plugin's schema (declare_schemas) takes both forms, [X, W] -> [Y] and
+    [X, R, W] -> [Y, S]."""
+    path = exported[name].with_name("rewritten_checked.onnx")
+    companion.save_model(rewrites[name][1], str(path))
+    onnx.checker.check_model(str(path))
+
+
 def test_gemmas_unfolded_1_plus_w_is_the_plugins_weight(rewrites):
     """do_constant_folding=False: the scale is an Add of the weight and 1, which TensorRT computes for the plugin."""
     original, rewritten, replaced, _ = rewrites["gemma_torchscript_opset18_unfolded"]
     for r in replaced:
         (plugin,) = [n for n in nodes(rewritten, sample.PLUGIN_NAME) if n.name == r.name]
-        assert plugin.inputs[1].name == r.scale and plugin.inputs[1].producer().op_type == "Add"
+        assert plugin.inputs[-1].name == r.scale and plugin.inputs[-1].producer().op_type == "Add"
 
 
 def test_the_gemma_export_is_x_fp16_with_an_fp32_scale_and_the_cast_back_is_absorbed(rewrites):
@@ -137,14 +279,39 @@ def test_plugin_nodes_carry_the_original_nodes_names(rewrites, name):
     assert plugins <= {n.name for n in original.graph}
 
 
-def test_the_skip_norm_becomes_tensorrts_add_and_the_plugin_and_keeps_the_sum(rewrites):
+def test_a_skip_norm_becomes_one_fused_node_whose_s_is_the_sum_it_wrote(rewrites):
+    """The skip norm's input and skip are the fused node's X and R, its sum output (the next
+    layer's residual) the node's S; the last skip norm writes no sum, and its S is still written,
+    named, and read by nothing."""
     original, rewritten, replaced, _ = rewrites["genai_style_nodes"]
-    (skip,) = [n for n in nodes(original, "SkipSimplifiedLayerNormalization") if len(n.outputs) == 4]
-    (plugin,) = [n for n in nodes(rewritten, sample.PLUGIN_NAME) if n.name == skip.name]
-    add = plugin.inputs[0].producer()
-    assert add.op_type == "Add" and [v.name for v in add.inputs] == [v.name for v in skip.inputs[:2]]
-    assert add.outputs[0].name == skip.outputs[3].name  # the next layer's residual is still the sum
-    assert plugin.outputs[0].name == skip.outputs[0].name
+    plugins = {n.name: n for n in nodes(rewritten, sample.PLUGIN_NAME)}
+    for skip in nodes(original, "SkipSimplifiedLayerNormalization"):
+        plugin = plugins[skip.name]
+        assert [v.name for v in plugin.inputs] == [v.name for v in skip.inputs[:3]]
+        assert plugin.outputs[0].name == skip.outputs[0].name
+        if len(skip.outputs) == 4:
+            assert plugin.outputs[1].name == skip.outputs[3].name and plugin.outputs[1].uses()
+        else:
+            assert plugin.outputs[1].name and not plugin.outputs[1].uses()
+    assert not nodes(rewritten, "Add")  # no add of TensorRT's: the plugin adds
+
+
+def test_a_skip_norms_bias_is_added_to_the_skip_first_and_the_report_says_so(rewrites, capsys):
+    """The fused node adds two tensors, so TensorRT adds the bias (the op's fourth input) to the
+    skip first: S rounds skip + bias too, which onnxruntime's kernel does not, and the record's x
+    keeps all three parts, so that the check's reference sums all three."""
+    original, rewritten, replaced, _ = rewrites["genai_style_nodes_fp32_bias"]
+    plugins = {n.name: n for n in nodes(rewritten, sample.PLUGIN_NAME)}
+    for skip in nodes(original, "SkipSimplifiedLayerNormalization"):
+        x, r, w = plugins[skip.name].inputs
+        assert (x.name, w.name) == (skip.inputs[0].name, skip.inputs[2].name)
+        assert r.producer().op_type == "Add"
+        assert [v.name for v in r.producer().inputs] == [skip.inputs[1].name, skip.inputs[3].name]
+        (record,) = [rec for rec in replaced if rec.name == skip.name]
+        assert record.x == tuple(v.name for v in (skip.inputs[0], skip.inputs[1], skip.inputs[3]))
+    companion.print_report(*rewrites["genai_style_nodes_fp32_bias"][2:])
+    said = "TensorRT adds the bias to the skip first, so S also rounds"
+    assert capsys.readouterr().out.count(said) == 2
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +321,7 @@ def builds(rewrites, exported, rtx_lib_dir, tmp_path_factory):
     def build(name):
         original, rewritten, replaced, _ = rewrites[name]
         profile = companion.input_profile(original, profile_args(original))
-        watched = [t for r in replaced for t in (*r.x, r.y) if t not in profile]
+        watched = [t for r in replaced for t in (*r.x, r.y, r.sum) if t and t not in profile]
         path = str(exported[name].with_name("rewritten.onnx"))
         companion.save_model(rewritten, path)
         shapes = {k: [list(s) for s in v] for k, v in profile.items()}
@@ -173,9 +340,13 @@ def test_tensorrt_rtx_builds_the_rewritten_model_with_the_plugin_and_the_origina
         assert build["build_ok"], build.messages()
         assert set(watched) <= {out for out, _ in build["outputs"]}
     replaced = rewrites[name][2]
-    assert len(rewritten["configure_plugin"]) == len(replaced)  # every plugin node reached the builder
-    assert {call["inputs"][0]["type"] for call in rewritten["configure_plugin"]} == \
-        {TRT_TYPE[r.dtype] for r in replaced}
+    calls = rewritten["configure_plugin"]
+    assert len(calls) == len(replaced)  # every plugin node reached the builder
+    assert {call["inputs"][0]["type"] for call in calls} == {TRT_TYPE[r.dtype] for r in replaced}
+    fused = [call for call in calls if len(call["inputs"]) == 3]
+    assert len(fused) == sum(bool(r.fused) for r in replaced)  # the fused form: X, R, W; Y, S
+    assert all(len(call["outputs"]) == 2 and call["inputs"][1]["type"] == call["inputs"][0]["type"]
+               for call in fused)
     assert original["configure_plugin"] == []
 
 
@@ -185,6 +356,59 @@ def test_the_external_data_model_is_built_from_its_file_beside_the_data(exported
     assert any(t.data_location == TensorProto.EXTERNAL
                for t in onnx.load(str(path), load_external_data=False).graph.initializer)
     assert builds["llama_dynamo_opset23"][0]["build_ok"]
+
+
+# -- onnxruntime runs the rewritten model, the plugin's nodes as functions of its contract -------
+
+# Routes whose fused sums onnxruntime computes as the graph rounds them: FP32. Its CPU provider
+# runs an FP16 op that has no FP16 kernel in FP32 and drops the Cast pair between two such ops, so
+# an FP16 tensor the graph rounds can reach the next op unrounded (while the tensor it reports is
+# rounded), beyond any bound on the graph's own roundings.
+ONNXRUNTIME_CHECKED = ["gemma_torchscript_opset17", "genai_style_nodes_fp32_bias",
+                       "llama_torchscript_opset17",
+                       "mistral_dynamo_default_opset_fp32_int32_inputs",
+                       "phi3_torchscript_opset17_symbolic_shapes"]
+
+
+def run_onnxruntime(model, feeds: dict) -> dict:
+    """{output name: float64 array} of onnxruntime's CPU run of a ModelProto, its graph
+    optimizations off (they would fuse the original's Add and norm into onnxruntime's skip op)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return {name: value.astype(np.float64) for name, value in zip(names, session.run(names, feeds))}
+
+
+@pytest.mark.parametrize("name", ONNXRUNTIME_CHECKED)
+def test_onnxruntime_computes_the_rewritten_model_as_the_original(exported, rewrites, name):
+    """Every replaced node's Y, and each fused node's S, within the companion's bounds of the
+    original's (check_replaced, check_sum), and the logits within FP32 noise: S wired to the
+    wrong readers would move them by their own size."""
+    original, rewritten, replaced, _ = rewrites[name]
+    assert {r.dtype for r in replaced if r.fused} == {"float32"}
+    profile = companion.input_profile(original, profile_args(original, 2, 7, 9))
+    shapes = {input_name: shapes[1] for input_name, shapes in profile.items()}
+    feeds = {k: v.numpy() for k, v in companion.input_values(original, shapes, seed=0).items()}
+    source = onnx.load(str(exported[name]))
+    weights = {t.name: onnx.numpy_helper.to_array(t).astype(np.float64)
+               for t in source.graph.initializer}
+    watched = [t for r in replaced for t in (*r.x, r.scale, r.y, r.sum)
+               if t and t not in weights and t not in feeds]
+    source.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in watched)
+    path = exported[name].with_name("rewritten_for_onnxruntime.onnx")
+    companion.save_model(rewritten, str(path))
+    runnable = onnx_models.runnable_by_onnxruntime(onnx.load(str(path)), watched)
+    ours, theirs = run_onnxruntime(runnable, feeds), run_onnxruntime(source, feeds)
+    values = {**weights, **{k: v.astype(np.float64) for k, v in feeds.items()}}
+    for record in replaced:
+        assert companion.check_replaced(ours, theirs, values, record)[0], record.name
+        assert not record.sum or companion.check_sum(ours, theirs, values, record)[0], record.name
+    logits = theirs["logits"]
+    assert np.max(np.abs(ours["logits"] - logits)) <= 1e-4 * np.max(np.abs(logits))
 
 
 # -- one attribute at a time: what is served, what is left and why ---------------------------------------
@@ -267,6 +491,126 @@ def test_a_mean_of_squares_the_forms_do_not_cover_is_listed():
     assert "computes its statistics in float16" in left["scale"]
     assert "matches no form served" in left["mean_of_squares"]
     assert set(left) == {"scale", "mean_of_squares"}
+
+
+# -- which Add is fused: two activations of one shape and dtype ---------------------------------
+
+
+def residual_model(b_shape=("n", H), b_kind="input", cast=None, cast_read_elsewhere=True,
+                   dtype=TensorProto.FLOAT16):
+    """S = A + B, then RMSNormalization of S (or of S cast to `cast`) and, as a decoder's next
+    residual, A + S. B is a graph input of `b_shape`, an initializer ("initializer") or a Constant
+    node's output ("constant")."""
+    static = [d for d in b_shape if isinstance(d, int)]
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    b_value = np.linspace(-1, 1, int(np.prod(static))).astype(np_dtype)
+    nodes = []
+    if b_kind == "constant":
+        nodes.append(helper.make_node("Constant", [], ["B"], value=onnx.numpy_helper.from_array(
+            b_value.reshape(static), "B")))
+    nodes += [helper.make_node("Add", ["A", "B"], ["sum"], name="residual_add"),
+              helper.make_node("Add", ["A", "sum"], ["next"], name="next_residual")]
+    x, norm_dtype, outputs = "sum", dtype, ["Y", "next"]
+    if cast is not None:
+        nodes.append(helper.make_node("Cast", ["sum"], ["sum_cast"], name="cast", to=cast))
+        x, norm_dtype = "sum_cast", cast
+        if cast_read_elsewhere:
+            nodes.append(helper.make_node("Identity", ["sum_cast"], ["copy"], name="reader"))
+            outputs.append("copy")
+    nodes.append(helper.make_node("RMSNormalization", [x, "w"], ["Y"], name="norm", epsilon=1e-6))
+    initializers = [onnx.numpy_helper.from_array(
+        np.ones(H, helper.tensor_dtype_to_np_dtype(norm_dtype)), "w")]
+    if b_kind == "initializer":
+        initializers.append(onnx.numpy_helper.from_array(b_value, "B"))
+    inputs = [helper.make_tensor_value_info("A", dtype, ["n", H])]
+    if b_kind == "input":
+        inputs.append(helper.make_tensor_value_info("B", dtype, list(b_shape)))
+    graph = helper.make_graph(nodes, "residual", inputs, [
+        helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
+        initializer=initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def skip_norm_model(nodes, inputs, outputs):
+    """A graph of SkipSimplifiedLayerNormalization `nodes` (and others), its weight w all ones."""
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=[
+        onnx.numpy_helper.from_array(np.ones(H, np.float16), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_an_add_of_two_activations_of_one_shape_is_fused_and_the_next_residual_reads_s():
+    rewritten, (record,), left = rewrite_one(residual_model())
+    assert left == {} and (record.x, record.sum, record.alone) == (("A", "B"), "sum", "")
+    assert "with the Add residual_add" in record.fused
+    assert not [n for n in rewritten.graph if n.name == "residual_add"]
+    (plugin,) = nodes(rewritten, sample.PLUGIN_NAME)
+    assert [v.name for v in plugin.inputs] == ["A", "B", "w"]
+    assert [v.name for v in plugin.outputs] == ["Y", "sum"]
+    (next_residual,) = [n for n in rewritten.graph if n.name == "next_residual"]
+    assert next_residual.inputs[1] is plugin.outputs[1]
+    onnx.checker.check_model(ir.serde.serialize_model(rewritten))  # also: S before its reader
+
+
+@pytest.mark.parametrize("model_args, why", [
+    (dict(b_shape=(H,), b_kind="initializer"), "the Add's input 'B' is a constant, not an"),
+    (dict(b_shape=(4, H), b_kind="constant"), "the Add's input 'B' is a constant, not an"),
+    (dict(b_shape=(1, H)), "the Add's inputs are not known to have one shape ([n,64] and [1,64]"),
+    (dict(b_shape=("m", H)), "the Add's inputs are not known to have one shape ([n,64] and [m,64]"),
+    (dict(b_shape=("n", 1, H)), "the Add's inputs differ in shape ([n,64] and [n,1,64])"),
+    (dict(cast=TensorProto.FLOAT), "its X is not an Add of two activations (a Cast writes it)"),
+])
+def test_an_add_the_fused_form_cannot_take_leaves_the_norm_alone_and_says_why(model_args, why):
+    """A bias (a constant, broadcast or not), a broadcast or unproven shape, or the sum cast to
+    another dtype (the plugin's S has X's dtype, not the Add's): the norm is replaced alone and
+    the Add stays."""
+    rewritten, (record,), left = rewrite_one(residual_model(**model_args))
+    assert left == {} and not record.fused and record.alone.startswith(why), record.alone
+    assert [n.name for n in rewritten.graph if n.name == "residual_add"] == ["residual_add"]
+    (plugin,) = nodes(rewritten, sample.PLUGIN_NAME)
+    assert len(plugin.inputs) == 2 and len(plugin.outputs) == 1
+
+
+@pytest.mark.parametrize("read_elsewhere", [True, False])
+def test_a_cast_to_the_dtype_the_sum_has_is_passed_and_kept_only_where_read(read_elsewhere):
+    """Gemma's FP32 TorchScript export casts its FP32 residual to FP32 before the norm: the Add
+    is still fused, and the Cast stays, reading S, where another node reads it, else it goes."""
+    model = residual_model(dtype=TensorProto.FLOAT, cast=TensorProto.FLOAT,
+                           cast_read_elsewhere=read_elsewhere)
+    rewritten, (record,), _ = rewrite_one(model)
+    assert record.fused and record.x == ("A", "B") and record.sum == "sum"
+    assert [c.inputs[0].name for c in nodes(rewritten, "Cast")] == ["sum"] * read_elsewhere
+    onnx.checker.check_model(ir.serde.serialize_model(rewritten))
+
+
+def test_a_skip_broadcast_over_its_input_is_added_by_tensorrt_and_the_norm_stays_alone():
+    """onnxruntime's skip op may broadcast its skip over the input; the fused form takes R of X's
+    shape, so TensorRT adds them and the plain form normalizes the sum (still the sum output)."""
+    model = skip_norm_model(
+        [helper.make_node("SkipSimplifiedLayerNormalization", ["X", "K", "w"], ["Y", "", "", "T"],
+                          name="skip_norm", domain="com.microsoft", epsilon=1e-6)],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["n", 4, H]),
+         helper.make_tensor_value_info("K", TensorProto.FLOAT16, [4, H])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT16, ["n", 4, H]) for v in ("Y", "T")])
+    rewritten, (record,), _ = rewrite_one(model)
+    assert not record.fused and record.alone.startswith("its input and skip differ in shape")
+    (plugin,) = nodes(rewritten, sample.PLUGIN_NAME)
+    (add,) = nodes(rewritten, "Add")
+    assert plugin.inputs[0] is add.outputs[0] and add.outputs[0].name == "T"
+
+
+def test_the_unread_s_of_a_skip_norm_gets_a_name_no_other_value_has():
+    model = skip_norm_model(
+        [helper.make_node("Identity", ["X"], ["skip_norm/sum"], name="taken"),
+         helper.make_node("SkipSimplifiedLayerNormalization", ["X", "K", "w"], ["Y"],
+                          name="skip_norm", domain="com.microsoft", epsilon=1e-6)],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT16, ["n", H]) for v in ("X", "K")],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT16, ["n", H])
+         for v in ("Y", "skip_norm/sum")])
+    rewritten, (record,), _ = rewrite_one(model)
+    (plugin,) = nodes(rewritten, sample.PLUGIN_NAME)
+    assert record.fused and record.sum == "" and plugin.outputs[1].name == "skip_norm/sum_1"
+    onnx.checker.check_model(ir.serde.serialize_model(rewritten))
 
 
 # -- the profile: every dynamic dimension, from the flags -------------------------------------------------
@@ -455,7 +799,9 @@ def test_the_report_runs_on_a_machine_without_a_gpu_and_writes_the_rewritten_mod
     out = model.with_name("model_rmsnorm.onnx")
     code, stdout, err = run_script(str(model), "--report-only", "-o", str(out), script=COMPANION)
     assert code == 0, err
-    assert f"Replaced by {sample.PLUGIN_NAME} (5):" in stdout and "Left to TensorRT (0):" in stdout
+    assert f"Fused with their residual Add into {sample.PLUGIN_NAME} (4):" in stdout
+    assert f"Replaced alone by {sample.PLUGIN_NAME} (1):" in stdout
+    assert "Left to TensorRT (0):" in stdout
     assert "/model/layers.0/input_layernorm/LayerNorm: simplified_layer_normalization" in stdout
     written = companion.load_model(str(out))
     assert len(nodes(written, sample.PLUGIN_NAME)) == 5
@@ -466,14 +812,14 @@ def test_without_report_only_the_report_comes_before_the_gpu_check(exported):
     shapes = [f"--{p}-shapes=input_ids:1x{n},attention_mask:1x{n}" for p, n in (("min", 1), ("opt", 8), ("max", 64))]
     code, stdout, err = run_script(str(model), *shapes, script=COMPANION)
     assert code == EXIT_USAGE
-    assert "Replaced by RmsNormPlugin (5):" in stdout
+    assert "Fused with their residual Add into RmsNormPlugin (4):" in stdout
     assert_one_sentence(err, "no CUDA GPU")
 
 
 def test_two_dynamic_dimensions_without_shapes_are_refused_after_the_report(exported):
     code, stdout, err = run_script(str(exported["llama_dynamo_opset23"]), script=COMPANION)
     assert code == EXIT_USAGE
-    assert "Replaced by RmsNormPlugin" in stdout
+    assert "Replaced alone by RmsNormPlugin" in stdout
     assert_one_sentence(err, "is a second dynamic dimension", "--min-shapes")
 
 
@@ -524,7 +870,8 @@ def test_a_model_without_an_rmsnorm_is_reported_then_refused_before_any_build(tm
     path = onnx_models.save(helper.make_model(graph), tmp_path / "relu.onnx")
     code, out, err = run_script(str(path), script=COMPANION)
     assert code == EXIT_USAGE
-    assert "Replaced by RmsNormPlugin (0):" in out
+    assert "Fused with their residual Add into RmsNormPlugin (0):" in out
+    assert "Replaced alone by RmsNormPlugin (0):" in out
     assert_one_sentence(err, "replaces no RMSNorm")
 
 
@@ -543,10 +890,14 @@ def test_help_documents_the_report_first_and_the_exit_codes():
 
 
 def test_the_report_is_the_same_in_process(rewrites, capsys):
-    """print_report lists each replaced node with its form and each left one with its reason."""
+    """print_report lists each replaced node with its form, fused with which Add or alone and why,
+    and each left one with its reason."""
     companion.print_report(*rewrites["gemma_dynamo_opset23"][2:])
     out = capsys.readouterr().out
     assert out.count("rms_normalization + Cast, X float16, scale float32, epsilon 1e-06, absorbing the Cast back") == 5
+    fused, alone = out.split("Replaced alone by")
+    assert fused.count("; with the Add node_add_") == 4 and "S replaces its output 'add_" in fused
+    assert alone.count("; alone: its X is not an Add of two activations (a Mul writes it)") == 1
 
 
 def test_no_weight_is_read_for_the_report(exported, monkeypatch):

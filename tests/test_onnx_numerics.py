@@ -163,3 +163,67 @@ def test_an_absorbed_cast_back_is_within_the_rounding_list_of_both_dtypes(dtype,
     if scale_dtype == "float32":
         same = companion.engines_tolerance(node(dtype), np.ones(1), np.ones(1))
         assert companion.engines_tolerance(replaced, np.ones(1), np.ones(1)) < same + 3 * 2.0 ** -24
+
+
+def fused(dtype, parts=2, form="rms_normalization", total="S"):
+    """A node fused with its Add (or a skip op's): parts P0, P1, ... summed into S, scale W, Y."""
+    return companion.Replaced("norm", form, tuple(f"P{k}" for k in range(parts)), "W", "Y", 1e-5,
+                              dtype, dtype, "", fused="with the Add add", sum=total)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_fused_nodes_y_is_held_to_exact_rmsnorm_of_each_engines_own_s(dtype):
+    """Both engines normalize the S they wrote, rounded as the original's Add rounds it: Y gets a
+    plain node's roundings, nothing for the add. S differing between the engines (an earlier
+    node's difference carried into a part) is allowed through the exact term; normalizing X
+    instead of S is refused."""
+    assert companion.roundings(fused(dtype)) == companion.roundings(node(dtype))
+    x, scale = case(dtype, 7)
+    rng = np.random.default_rng(8)
+    r_ours = to_dtype(rng.standard_normal(x.shape), dtype)
+    r_theirs = to_dtype(r_ours * (1 + rng.choice([-1, 0, 1], x.shape) * 2.0 ** -7), dtype)
+    s_ours, s_theirs = to_dtype(x + r_ours, dtype), to_dtype(x + r_theirs, dtype)
+    ours = {"P0": x, "P1": r_ours, "S": s_ours, "Y": kernel_rms_norm(s_ours, scale, 1e-5, dtype)}
+    theirs = {"P0": x, "P1": r_theirs, "S": s_theirs,
+              "Y": onnx_rms_norm(s_theirs, scale, 1e-5, dtype)}
+    assert companion.check_replaced(ours, theirs, {"W": scale}, fused(dtype))[0]
+    assert companion.check_sum(ours, theirs, {"W": scale}, fused(dtype))[0]
+    wrong = dict(ours, Y=kernel_rms_norm(x, scale, 1e-5, dtype))
+    assert not companion.check_replaced(wrong, theirs, {"W": scale}, fused(dtype))[0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_skip_ops_y_is_allowed_the_sum_it_normalizes_before_rounding(dtype):
+    """onnxruntime's skip op normalizes its FP32 sum and rounds S apart, so its Y is up to 2u
+    further from exact RMSNorm of the S it reports: that side's roundings list two more, and its
+    Y passes the check."""
+    skip = fused(dtype, form="skip_simplified_layer_normalization_and_sum")
+    assert companion.roundings(skip)[1] == companion.roundings(node(dtype))[1] + [dtype] * 2
+    assert companion.roundings(skip)[0] == companion.roundings(node(dtype))[0]
+    x, scale = case(dtype, 9)
+    r = to_dtype(np.random.default_rng(10).standard_normal(x.shape), dtype)
+    s = to_dtype(x + r, dtype)
+    ours = {"P0": x, "P1": r, "S": s, "Y": kernel_rms_norm(s, scale, 1e-5, dtype)}
+    theirs = dict(ours, Y=kernel_rms_norm(x + r, scale, 1e-5, dtype))  # S not yet rounded
+    assert companion.check_replaced(ours, theirs, {"W": scale}, skip)[0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_biased_skip_sum_is_allowed_a_rounding_per_add_of_the_parts_magnitudes(dtype):
+    """The plugin's S is input + (skip + bias), each add rounded; onnxruntime's kernel sums the
+    three in FP32 and rounds once. Where the parts cancel, the extra rounding of skip + bias is
+    many ulps of S: check_sum bounds each add by u of the parts' magnitudes, accepts both orders,
+    and refuses an S off by 5u of them."""
+    rng = np.random.default_rng(11)
+    x = to_dtype(rng.standard_normal((64, 256)) * 8, dtype)
+    bias = to_dtype(rng.uniform(-1, 1, 256), dtype)
+    skip = to_dtype(-x + rng.standard_normal(x.shape) * 2.0 ** -4, dtype)  # nearly cancels x
+    ours = {"P0": x, "P1": skip, "S": to_dtype(x + to_dtype(skip + bias, dtype), dtype)}
+    theirs = dict(ours, S=to_dtype(x + skip + bias, dtype))
+    biased = fused(dtype, parts=3)
+    assert companion.check_sum(ours, theirs, {"P2": bias}, biased)[0]
+    ulp = np.spacing(np.abs(theirs["S"]).astype(np.float32)) * 2.0 ** (23 - FRACTION_BITS[dtype])
+    assert np.any(np.abs(ours["S"] - theirs["S"]) > ulp), "more than an ulp of S apart somewhere"
+    magnitude = np.abs(x) + np.abs(skip) + np.abs(bias)
+    off = dict(ours, S=theirs["S"] + 5 * companion.rounding_error(dtype) * magnitude)
+    assert not companion.check_sum(off, theirs, {"P2": bias}, biased)[0]
