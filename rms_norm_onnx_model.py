@@ -810,12 +810,21 @@ def engines_tolerance(node: Replaced, magnitude, scale):
         + sum(f.tiny * f.eps / 2 for f in spacings) * (1 + np.abs(scale))
 
 
+def bind_inputs(engine, context, feeds: dict):
+    """Set each of `feeds` on `context`, its shape and address, once it has the dtype the engine
+    reads: TensorRT reads the bytes there as that dtype (int64 ones read as int32: 1, 0, 1, 0)."""
+    for name, value in feeds.items():
+        wanted = engine.get_tensor_dtype(name).name
+        if value.dtype != TORCH_DTYPES.get(wanted):
+            raise TypeError(f"input '{name}' is {value.dtype}, but the engine reads it as {wanted}")
+        context.set_input_shape(name, tuple(value.shape))
+        context.set_tensor_address(name, value.data_ptr())
+
+
 def bind(engine, feeds: dict):
     """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs bound."""
     context = engine.create_execution_context()
-    for name, value in feeds.items():
-        context.set_input_shape(name, tuple(value.shape))
-        context.set_tensor_address(name, value.data_ptr())
+    bind_inputs(engine, context, feeds)
     outputs = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)

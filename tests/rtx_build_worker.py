@@ -56,7 +56,8 @@ Prints exactly one line on stdout: a JSON object with
     sample raised, as one sentence, else null), build_ok, engine_size, epsilon_record_found,
     epsilon_records (float32 values stored after each b"epsilon\\0" name),
     configure_plugin (per call: inputs/outputs with min/opt/max dims and type),
-    logger_errors, outputs (the network's output names and dtypes).
+    logger_errors, outputs (the network's output names and dtypes), inputs (its inputs' names and
+    dtypes).
 Failures are reported in that object; the worker itself exits 0.
 """
 
@@ -197,7 +198,7 @@ def build(spec: dict) -> dict:
     trt, sample = load_sample_with_rtx()
     result = {"parse_ok": False, "parser_errors": [], "build_ok": False, "engine_size": 0,
               "epsilon_record_found": False, "epsilon_records": [], "configure_plugin": [], "logger_errors": [],
-              "outputs": [], "strongly_typed": None, "stage_error": None}
+              "outputs": [], "inputs": [], "strongly_typed": None, "stage_error": None}
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -260,6 +261,8 @@ def build(spec: dict) -> dict:
     result["strongly_typed"] = bool(network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     result["outputs"] = [[network.get_output(i).name, str(network.get_output(i).dtype)]
                          for i in range(network.num_outputs)]
+    result["inputs"] = [[network.get_input(i).name, str(network.get_input(i).dtype)]
+                        for i in range(network.num_inputs)]
 
     config = builder.create_builder_config()
     # An explicit target: ComputeCapability.CURRENT needs a GPU and aborts the process without one.

@@ -15,6 +15,7 @@ TensorRT: test_trt_onnx_model.py.
 
 import argparse
 import concurrent.futures
+import ctypes
 import os
 import subprocess
 import sys
@@ -350,6 +351,15 @@ def test_tensorrt_rtx_builds_the_rewritten_model_with_the_plugin_and_the_origina
     assert original["configure_plugin"] == []
 
 
+def test_int32_inputs_reach_tensorrt_as_int32(builds):
+    """The exported model's input_ids and attention_mask are INT32; both networks take them as
+    INT32, the dtype the companion feeds (see test_an_int32_input_is_fed_as_int32_bytes)."""
+    for build in builds["mistral_dynamo_default_opset_fp32_int32_inputs"][:2]:
+        assert build["parse_ok"], build.messages()
+        assert dict(build["inputs"]) == {"input_ids": "DataType.INT32",
+                                         "attention_mask": "DataType.INT32"}
+
+
 def test_the_external_data_model_is_built_from_its_file_beside_the_data(exported, builds):
     path = exported["llama_dynamo_opset23"]
     assert os.path.getsize(f"{path}.data") > 100_000  # the weights are there, not in the graph
@@ -677,6 +687,55 @@ def test_token_ids_lie_in_the_vocabulary_and_masks_are_ones(rewrites):
     assert ids.min() >= 0 and ids.max() < onnx_models.VOCAB and len(np.unique(ids)) > onnx_models.VOCAB // 2
     assert values["attention_mask"].dtype == companion.torch.int64 and bool((values["attention_mask"] == 1).all())
     assert values["past_key_values.0.key"].dtype == companion.torch.float16
+
+
+class EngineInputs:
+    """What bind_inputs asks of an engine: the dtype it reads each input as, by TensorRT's name."""
+
+    def __init__(self, dtypes: dict):
+        self.dtypes = dtypes
+
+    def get_tensor_dtype(self, name):
+        return argparse.Namespace(name=self.dtypes[name])
+
+
+class RecordedBindings:
+    """An execution context that keeps the shape and address bound to each input."""
+
+    def __init__(self):
+        self.shapes, self.addresses = {}, {}
+
+    def set_input_shape(self, name, shape):
+        self.shapes[name] = shape
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = address
+
+
+def test_an_int32_input_is_fed_as_int32_bytes(exported):
+    """The bytes at each bound address, read as TensorRT reads an INT32 input: token ids within the
+    vocabulary and a mask of ones. Fed as int64, the mask would read 1, 0, 1, 0, ..."""
+    path = exported["mistral_dynamo_default_opset_fp32_int32_inputs"]
+    declared = {v.name: v.type.tensor_type.elem_type
+                for v in onnx.load(str(path), load_external_data=False).graph.input}
+    assert declared == {"input_ids": TensorProto.INT32, "attention_mask": TensorProto.INT32}
+    shapes = {name: (2, 9) for name in declared}
+    feeds = companion.input_values(companion.load_model(str(path)), shapes, seed=0)
+    context = RecordedBindings()
+    companion.bind_inputs(EngineInputs({name: "INT32" for name in declared}), context, feeds)
+    assert context.shapes == shapes
+    read = {name: np.ctypeslib.as_array((ctypes.c_int32 * 18).from_address(address)).reshape(2, 9)
+            for name, address in context.addresses.items()}
+    assert (read["attention_mask"] == 1).all()
+    assert read["input_ids"].min() >= 0 and read["input_ids"].max() < onnx_models.VOCAB
+    assert len(np.unique(read["input_ids"])) > 9  # ids, not a pattern of halves
+
+
+def test_a_feed_of_another_dtype_than_the_engine_reads_is_refused():
+    feeds = {"attention_mask": companion.torch.ones((2, 3), dtype=companion.torch.int64)}
+    with pytest.raises(TypeError, match="'attention_mask' is torch.int64, but the engine reads it "
+                                        "as INT32"):
+        companion.bind_inputs(EngineInputs({"attention_mask": "INT32"}), RecordedBindings(), feeds)
 
 
 def test_positions_count_along_the_sequence_and_other_integer_inputs_are_refused():
