@@ -127,6 +127,15 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
     return x64 / np.sqrt(mean_square + epsilon) * np.asarray(w, dtype=np.float64)
 
 
+def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """s = x + r rounded once to X's dtype (torch: NumPy has no bfloat16).
+
+    The FP32 sum rounds to fp16 or bf16 as the exact sum would: FP32 carries
+    more than twice their digits. The residual form's Y is the norm of s.
+    """
+    return (x.float() + r.float()).to(x.dtype)
+
+
 # %% [2] The CuteDSL kernel ------------------------------------------------------
 # Memory traffic. RMSNorm does about 4 FLOPs per element, so memory bounds
 # it. N rows of H elements: X and Y move N*H*x bytes each, W H*w (x, w:
@@ -174,6 +183,12 @@ class KernelPlan:
     rows_in_sequence: int = 1  # rows each slot normalizes in turn (staged plans)
     cluster_ctas: int = 1  # CTAs of a cluster that share each row (sm_90+)
     min_ctas_per_sm: int = 0  # a launch bound: ptxas budgets registers for it
+    residual: bool = False  # the fused form: R added to X first, the sum S stored too
+
+    @property
+    def num_row_inputs(self) -> int:
+        """Rows each thread reads: X, and R in the residual form."""
+        return ROW_INPUTS + self.residual
 
     @property
     def num_vecs(self) -> int:
@@ -236,7 +251,7 @@ class KernelPlan:
             f"h{self.hidden}b{self.elem_bytes}v{self.vec}t{self.threads_per_row}"
             f"r{self.rows_per_cta}q{self.rows_in_sequence}c{self.cluster_ctas}"
             f"m{self.min_ctas_per_sm}k{self.vecs_per_thread}"
-            f"_w{weight}_{self.arrival.replace('.', '')}"
+            f"_w{weight}_{self.arrival.replace('.', '')}{'_residual' * self.residual}"
         )
 
     def describe(self) -> str:
@@ -247,10 +262,11 @@ class KernelPlan:
             rows = f"{self.cta_rows} rows/CTA in turn"
         else:
             rows = f"{self.rows_per_cta} row{'s' if self.rows_per_cta > 1 else ''}/CTA"
+        rows_in = "X and R" if self.residual else "X"
         where = {
-            "registers": "X in registers",
-            "cp.async": "X staged by cp.async",
-            "bulk": "X staged by bulk copy",
+            "registers": f"{rows_in} in registers",
+            "cp.async": f"{rows_in} staged by cp.async",
+            "bulk": f"{rows_in} staged by bulk copy",
         }[self.arrival]
         bound = ""
         if self.min_ctas_per_sm:
@@ -285,20 +301,42 @@ def load_columns(plan: cutlass.Constexpr, t, columns, k: cutlass.Constexpr):
 
 
 @cute.jit
-def load_row(plan: cutlass.Constexpr, t, row, row_ok, x, columns):
-    """Step 1: thread t's vectors of X's row into registers, each after W's.
+def load_row(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, columns):
+    """Step 1: thread t's vectors of the row into registers, each after W's.
 
-    x is (mX, tXrX); zeros stay where the thread owns no vector. W's loads
-    go first, so that they are in flight with X's ([4] says where W is late).
+    row_inputs holds (view, registers) pairs: X, and R in the residual form;
+    zeros stay where the thread owns no vector. W's loads go first, so that
+    they are in flight with X's ([4] says where W is late).
     """
-    mX, tXrX = x
     for k in cutlass.range_constexpr(plan.vecs_per_thread):
         if cutlass.const_expr(plan.early_weight):
             load_columns(plan, t, columns, k)
         j = t + k * plan.threads_per_row
         if plan.owns(j):
             if row_ok:
-                cute.autovec_copy(mX[row, None, j], tXrX[None, k])
+                for view, regs in row_inputs:
+                    cute.autovec_copy(view[row, None, j], regs[None, k])
+
+
+@cute.jit
+def add_residual(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, mS, staged, slot):
+    """Step 1 of the residual form, second half: s = x + r, stored as S, normalized as X.
+
+    The sum is rounded to X's dtype before the norm reads it, as torch and
+    onnxruntime compute it, so Y is the norm of exactly the S stored. A
+    staged plan also writes s over its row of sX, which Step 5 reads again.
+    """
+    (_, tXrX), (_, tRrR) = row_inputs
+    s = tXrX.load().to(Float32) + tRrR.load().to(Float32)
+    tXrX.store(s.to(tXrX.element_type))
+    if row_ok:
+        for k in cutlass.range_constexpr(plan.vecs_per_thread):
+            j = t + k * plan.threads_per_row
+            if plan.owns(j):
+                cute.autovec_copy(tXrX[None, k], mS[row, None, j])
+                if cutlass.const_expr(plan.arrival != "registers"):
+                    sX = staged[0][0]
+                    cute.autovec_copy(tXrX[None, k], sX[slot, None, j])
 
 
 @cute.jit
@@ -408,15 +446,19 @@ def store_row(plan: cutlass.Constexpr, normalize, x, mY, row, row_ok, t):
 @cute.kernel
 def rms_norm_kernel(
     x_ptr: cute.Pointer,
+    r_ptr: cute.Pointer | None,
     w_ptr: cute.Pointer,
     num_tokens: Int32,
     y_ptr: cute.Pointer,
+    s_ptr: cute.Pointer | None,
     plan: cutlass.Constexpr,
     epsilon: cutlass.Constexpr,
 ):
-    # Arguments in the order of TensorRT's ahead-of-time launcher, so that one
-    # PTX serves both plugin flavors. A static row stride and (vec, num_vecs)
-    # rows prove every access 16-byte aligned, hence 128-bit.
+    # Arguments in the order of TensorRT's ahead-of-time launcher (inputs, its
+    # extra num_tokens, outputs), so that one PTX serves both plugin flavors.
+    # R and S are None in the plain form, and then no parameters at all. A
+    # static row stride and (vec, num_vecs) rows prove every access 16-byte
+    # aligned, hence 128-bit.
     rows = cute.make_layout(
         (num_tokens, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec)
     )
@@ -433,11 +475,20 @@ def rms_norm_kernel(
     tWrW = cute.make_rmem_tensor(register_shape, mW.element_type)
     tXrX.fill(0.0)  # what a thread owns no vector of stays zero
     tWrW.fill(0.0)
-    # Per-column inputs: (view, registers). A LayerNorm's bias joins W here.
+    # Per-row inputs and per-column inputs: (view, registers) pairs. The
+    # residual form adds R to the rows and S to the outputs; a LayerNorm's
+    # bias would join W.
+    row_inputs = ((mX, tXrX),)
+    mS = None
+    if cutlass.const_expr(plan.residual):
+        tRrR = cute.make_rmem_tensor(register_shape, mX.element_type)
+        tRrR.fill(0.0)
+        row_inputs = ((mX, tXrX), (cute.make_tensor(r_ptr, rows), tRrR))
+        mS = cute.make_tensor(s_ptr, rows)
     columns = ((mW, tWrW),)
     smem = cutlass.memory.SmemAllocator()
 
-    staged = stage_rows(plan, smem, mX, first_row, row_in_cta, t, num_tokens)
+    staged = stage_rows(plan, smem, row_inputs, first_row, row_in_cta, t, num_tokens)
     sums = row_sum_buffers(plan, smem, plan.rows_in_sequence)  # one sum per row
 
     # One row per slot, unless a staged plan ([3]) normalizes several in turn.
@@ -446,9 +497,11 @@ def rms_norm_kernel(
         slot = i * plan.rows_per_cta + row_in_cta
         row_ok = row < num_tokens  # the last CTA's spare slots load and store nothing
         if cutlass.const_expr(plan.arrival == "registers"):
-            load_row(plan, t, row, row_ok, (mX, tXrX), columns)  # Step 1
+            load_row(plan, t, row, row_ok, row_inputs, columns)  # Step 1
         else:
-            unstage_row(plan, t, i, row_ok, staged, slot, tXrX, columns)
+            unstage_row(plan, t, i, row_ok, staged, slot, row_inputs, columns)
+        if cutlass.const_expr(plan.residual):
+            add_residual(plan, t, row, row_ok, row_inputs, mS, staged, slot)
         total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)  # Steps 2-3
         rstd = inverse_rms(plan, total, epsilon)  # Step 4
         late = not plan.early_weight and not plan.weight_by_vector
@@ -463,7 +516,7 @@ def rms_norm_kernel(
                 load_columns(plan, t, columns, k)  # just before its use
             return x * rstd * tWrW[None, k].load().to(Float32)
 
-        store_row(plan, normalize, (tXrX, staged[0], slot), mY, row, row_ok, t)  # Step 5
+        store_row(plan, normalize, (tXrX, staged[0][0], slot), mY, row, row_ok, t)  # Step 5
 
 
 # %% [3] Speed layers: staged rows and clusters ----------------------------------
@@ -489,43 +542,46 @@ def whole_row(tensor, r):
 
 
 def staged_bytes(plan, num_tokens, first_row):
-    """The bytes a bulk copy of the rows_per_cta rows from first_row brings: those that exist."""
+    """The bytes the bulk copies of the rows_per_cta rows from first_row bring: those that exist."""
     rows = cutlass.max(cutlass.min(num_tokens - first_row, plan.rows_per_cta), 0)
-    return rows * (plan.hidden * plan.elem_bytes)
+    return rows * (plan.hidden * plan.elem_bytes * plan.num_row_inputs)
 
 
 @cute.jit
-def stage_rows(plan: cutlass.Constexpr, smem, mX, first_row, row_in_cta, t, num_tokens):
+def stage_rows(plan: cutlass.Constexpr, smem, row_inputs, first_row, row_in_cta, t, num_tokens):
     """Step 1 of a staged plan, first half: every row of the CTA requested at once.
 
-    Returns (sX, the rows' mbarriers), or (None, None) for X in registers.
-    Slot i * rows_per_cta + row_in_cta of sX holds row i of a slot.
+    Returns ((sX, and sR in the residual form), the rows' mbarriers); Nones for
+    X in registers. Slot i * rows_per_cta + row_in_cta of sX holds row i of a slot.
     """
-    sX = None
+    staged_rows = (None,) * len(row_inputs)
     rows_in = None
     if cutlass.const_expr(plan.arrival != "registers"):
         layout = cute.make_layout(
             (plan.cta_rows, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec)
         )
-        sX = smem.allocate_tensor(mX.element_type, layout, 16)
+        staged_rows = tuple(
+            smem.allocate_tensor(view.element_type, layout, 16) for view, _ in row_inputs
+        )
     if cutlass.const_expr(plan.arrival == "cp.async"):
-        copy_rows_by_vector(plan, mX, sX, first_row, row_in_cta, t, num_tokens)
+        copy_rows_by_vector(plan, row_inputs, staged_rows, first_row, row_in_cta, t, num_tokens)
     if cutlass.const_expr(plan.arrival == "bulk"):
         rows_in = smem.allocate_array(cutlass.Int64, plan.rows_in_sequence)
-        copy_rows_in_bulk(plan, mX, sX, rows_in, first_row, num_tokens)
-    return sX, rows_in
+        copy_rows_in_bulk(plan, row_inputs, staged_rows, rows_in, first_row, num_tokens)
+    return staged_rows, rows_in
 
 
 @cute.jit
-def copy_rows_by_vector(plan: cutlass.Constexpr, mX, sX, first_row, row_in_cta, t, num_tokens):
+def copy_rows_by_vector(plan: cutlass.Constexpr, row_inputs, staged_rows, first_row, row_in_cta,
+                        t, num_tokens):
     """Each thread copies its own vectors, 16 bytes per cp.async.cg (through L2 only).
 
-    One commit group per row: groups complete in order, so a thread can wait
-    for row i while later rows are still on their way.
+    One commit group per row (of X and R alike): groups complete in order, so
+    a thread can wait for row i while later rows are still on their way.
     """
     g2s = cute.make_copy_atom(
         cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-        mX.element_type,
+        row_inputs[0][0].element_type,
         num_bits_per_copy=VECTOR_BYTES * 8,
     )
     for i in cutlass.range_constexpr(plan.rows_in_sequence):
@@ -535,15 +591,17 @@ def copy_rows_by_vector(plan: cutlass.Constexpr, mX, sX, first_row, row_in_cta, 
             for k in cutlass.range_constexpr(plan.vecs_per_thread):
                 j = t + k * plan.threads_per_row
                 if plan.owns(j):
-                    cute.copy(g2s, mX[row, None, j], sX[slot, None, j])
+                    for (view, _), sV in zip(row_inputs, staged_rows):
+                        cute.copy(g2s, view[row, None, j], sV[slot, None, j])
         cute.arch.cp_async_commit_group()
 
 
 @cute.jit
-def copy_rows_in_bulk(plan: cutlass.Constexpr, mX, sX, rows_in, first_row, num_tokens):
+def copy_rows_in_bulk(plan: cutlass.Constexpr, row_inputs, staged_rows, rows_in, first_row,
+                      num_tokens):
     """Thread 0 hands each row whole to the bulk-copy unit; mbarrier i counts row i's bytes.
 
-    No thread spends instructions on X's addresses.
+    No thread spends instructions on X's addresses (nor R's).
     """
     tidx, _, _ = cute.arch.thread_idx()
     if tidx == 0:
@@ -552,7 +610,7 @@ def copy_rows_in_bulk(plan: cutlass.Constexpr, mX, sX, rows_in, first_row, num_t
         cute.arch.mbarrier_init_fence()
     cute.arch.barrier()  # no thread waits on an mbarrier before it is set up
     if tidx == 0:
-        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), mX.element_type)
+        bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), row_inputs[0][0].element_type)
         for i in cutlass.range_constexpr(plan.rows_in_sequence):
             first = first_row + i * plan.rows_per_cta  # thread 0's row_in_cta is 0
             expected = staged_bytes(plan, num_tokens, first)
@@ -560,21 +618,22 @@ def copy_rows_in_bulk(plan: cutlass.Constexpr, mX, sX, rows_in, first_row, num_t
             for r in cutlass.range_constexpr(plan.rows_per_cta):
                 if first + r < num_tokens:
                     slot = i * plan.rows_per_cta + r
-                    cute.copy(
-                        bulk,
-                        whole_row(mX, first + r),
-                        whole_row(sX, slot),
-                        mbar_ptr=rows_in + i,
-                    )
+                    for (view, _), sV in zip(row_inputs, staged_rows):
+                        cute.copy(
+                            bulk,
+                            whole_row(view, first + r),
+                            whole_row(sV, slot),
+                            mbar_ptr=rows_in + i,
+                        )
 
 
 @cute.jit
-def unstage_row(plan: cutlass.Constexpr, t, i, row_ok, staged, slot, tXrX, columns):
+def unstage_row(plan: cutlass.Constexpr, t, i, row_ok, staged, slot, row_inputs, columns):
     """Step 1 of a staged plan, second half: once row i is in, its vectors into registers.
 
     W, where it comes first, is loaded before the first wait.
     """
-    sX, rows_in = staged
+    staged_rows, rows_in = staged
     if cutlass.const_expr(plan.early_weight and i == 0):
         for k in cutlass.range_constexpr(plan.vecs_per_thread):
             load_columns(plan, t, columns, k)
@@ -587,7 +646,8 @@ def unstage_row(plan: cutlass.Constexpr, t, i, row_ok, staged, slot, tXrX, colum
         for k in cutlass.range_constexpr(plan.vecs_per_thread):
             j = t + k * plan.threads_per_row
             if plan.owns(j):
-                cute.autovec_copy(sX[slot, None, j], tXrX[None, k])
+                for (_, regs), sV in zip(row_inputs, staged_rows):
+                    cute.autovec_copy(sV[slot, None, j], regs[None, k])
 
 
 @cute.jit
@@ -657,7 +717,7 @@ def send_sum_to_cluster(plan: cutlass.Constexpr, total, sSum, sums_in, n: cutlas
 # What one thread holds through the row's reductions, besides X.
 COLUMN_INPUTS = 1  # per-column inputs held like W (a LayerNorm's bias: 2)
 REDUCTIONS = 1  # row sums per row: x^2 (a LayerNorm's mean and variance: 2)
-STAGED_INPUTS = 1  # row inputs a staged plan keeps in shared memory: X
+ROW_INPUTS = 1  # rows read per row: X (the residual form adds R; a staged plan keeps each)
 
 # Hardware facts the rule reads (every GPU of compute capability 8.0+).
 REGISTERS_PER_SM = 65536
@@ -666,6 +726,11 @@ MAX_SM_THREADS = 2048
 # Shared memory one CTA may use: sm_90's 227 KB, and before it the least of
 # sm_80's 163 KB and sm_86/sm_89's 99 KB.
 CTA_SHARED_BYTES = {True: 227 * 1024, False: 99 * 1024}
+# What an SM holds for all its CTAs, each with 1 KB of the system's: sm_90's
+# 228 KB and sm_80's 164 KB (where sm_86/sm_89's 100 KB hold fewer CTAs, a
+# launch bound only narrows their registers).
+SM_SHARED_BYTES = {True: 228 * 1024, False: 164 * 1024}
+RESERVED_CTA_SHARED_BYTES = 1024
 # Registers the kernel spends besides what it holds: indices, addresses and
 # sums. The most that the tightest plans ptxas fits without a spill leave:
 # 256-thread rows of 2-element vectors under 8 CTAs/SM (32 registers, 6 held).
@@ -741,14 +806,15 @@ def registers_needed(plan: KernelPlan) -> int:
     """The 32-bit registers a thread of the plan needs: OTHER_REGISTERS and what it holds.
 
     Held through the reduction: X's vectors where X is in registers (or a
-    later reduction reads them), and the per-column inputs where they come
-    first, counted at 4 bytes an element. Held at the store: X, and the
-    columns (one vector of them where they come a vector at a time).
+    later reduction reads them), with every other row input's as they
+    arrive, and the per-column inputs where they come first, counted at 4
+    bytes an element. Held at the store: X, and the columns (one vector of
+    them where they come a vector at a time).
     """
     x_vector = math.ceil(plan.vec * plan.elem_bytes / 4)
     column_vector = plan.vec * COLUMN_INPUTS
     x_held = plan.arrival == "registers" or REDUCTIONS > 1
-    through = plan.vecs_per_thread * x_vector * x_held
+    through = plan.vecs_per_thread * x_vector * plan.num_row_inputs * x_held
     if plan.early_weight:
         through += plan.vecs_per_thread * column_vector
     x_at_store = x_vector
@@ -794,9 +860,11 @@ def fit_registers(plan: KernelPlan) -> KernelPlan:
 
 
 def staged_fits(plan: KernelPlan, sm90: bool) -> bool:
-    """Whether a staged plan's rows fit the shared memory one CTA may have."""
-    row_bytes = plan.hidden * plan.elem_bytes * STAGED_INPUTS
-    return plan.cta_rows * row_bytes <= CTA_SHARED_BYTES[sm90]
+    """Whether a staged plan's rows fit one CTA's shared memory, and its bound's CTAs one SM's."""
+    staged = plan.cta_rows * plan.hidden * plan.elem_bytes * plan.num_row_inputs
+    ctas = max(1, plan.min_ctas_per_sm)
+    on_sm = ctas * (staged + RESERVED_CTA_SHARED_BYTES)
+    return staged <= CTA_SHARED_BYTES[sm90] and on_sm <= SM_SHARED_BYTES[sm90]
 
 
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
@@ -863,19 +931,20 @@ def split_row(hidden, elem_bytes, vecs_per_thread, line, ctas=1, **choices) -> K
 
 
 def plan_kernel(hidden: int, elem_bytes: int = 2, num_tokens: int | None = None,
-                sm90: bool = True) -> KernelPlan:
+                sm90: bool = True, residual: bool = False) -> KernelPlan:
     """The plan for num_tokens rows (None: many): the table's, fitted to registers.
 
     sm90=False: no clusters or bulk copies (older GPUs, the AOT flavor).
+    residual: the fused form, which reads R and writes S too.
     """
-    plan = fit_registers(table_plan(hidden, elem_bytes, num_tokens, sm90))
+    plan = fit_registers(table_plan(hidden, elem_bytes, num_tokens, sm90, residual))
     if str(plan) in BOUND_BY_ESTIMATE:
         plan = dataclasses.replace(plan, min_ctas_per_sm=estimated_ctas(plan))
     return plan
 
 
 def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
-               sm90: bool) -> KernelPlan:
+               sm90: bool, residual: bool) -> KernelPlan:
     """The plan ROW_PLANS and the token thresholds name for num_tokens rows.
 
     The by-count plans hold X and W through Step 3, so they take at most 512
@@ -892,9 +961,9 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
 
     shape = (hidden, elem_bytes)
     if sm90 and whole and n <= line.cluster[0] and fits(line.cluster[1], MAX_CTA_THREADS):
-        return split_row(*shape, line.cluster[1], line, ctas=CLUSTER_CTAS)
+        return split_row(*shape, line.cluster[1], line, ctas=CLUSTER_CTAS, residual=residual)
     if n <= FEW_TOKENS and fits(line.few_vecs, MAX_CTA_THREADS // 2):
-        return split_row(*shape, line.few_vecs, line)
+        return split_row(*shape, line.few_vecs, line, residual=residual)
     if whole and MID_TOKENS < n <= line.mid[0] and fits(line.mid[1], MAX_CTA_THREADS // 2):
         bulk = sm90 and hidden * elem_bytes > BULK_ROW_BYTES
         threads = threads_for(num_vecs, line.mid[1])
@@ -905,7 +974,10 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
             arrival="bulk" if bulk else "cp.async",
             rows_in_sequence=ROWS_IN_SEQUENCE,
             min_ctas_per_sm=MID_BOUND[1] if threads >= MID_BOUND[0] else 0,
+            residual=residual,
         )
+        # Where an SM's shared memory holds the rows of fewer CTAs than the bound
+        # asks for, the many plan's rows in registers win (benchmarks/NOTES.md).
         if staged_fits(plan, sm90):
             return plan
     ctas = 1
@@ -919,20 +991,22 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
         arrival=line.arrival if whole else "registers",
         early_weight=line.early_weight,
         min_ctas_per_sm=line.min_ctas_per_sm,
+        residual=residual,
     )
     if plan.arrival != "registers" and not staged_fits(plan, sm90):
         plan = dataclasses.replace(plan, arrival="registers")
     return plan
 
 
-def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple:
+def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True,
+                   residual: bool = False) -> tuple:
     """((plan, ((fewer, most), ...)), ...): each plan and the counts in (fewer, most] it runs."""
     line = row_plan(hidden, elem_bytes)
     cluster_rows = line.cluster[0] if sm90 else 0
     bounds = sorted({FEW_TOKENS, MID_TOKENS, line.mid[0], cluster_rows} - {0})
     schedule: dict = {}
     for fewer, most in zip([None] + bounds, bounds + [None]):
-        plan = plan_kernel(hidden, elem_bytes, most, sm90)
+        plan = plan_kernel(hidden, elem_bytes, most, sm90, residual)
         counts = schedule.setdefault(plan, [])
         if counts and counts[-1][1] == fewer:  # two ranges that meet become one
             fewer = counts.pop()[0]
@@ -940,10 +1014,11 @@ def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> tuple
     return tuple((plan, tuple(counts)) for plan, counts in schedule.items())
 
 
-def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> list:
+def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True,
+                   residual: bool = False) -> list:
     """The schedule as a reader sees it: one line per plan, with the token counts it serves."""
     lines = []
-    for plan, counts in token_schedule(hidden, elem_bytes, sm90):
+    for plan, counts in token_schedule(hidden, elem_bytes, sm90, residual):
         spans = []
         for fewer, most in counts:
             first = (fewer or 0) + 1
@@ -953,14 +1028,14 @@ def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True) -> list:
 
 
 # %% [5] The @cute.jit launcher ---------------------------------------------------
-# Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment and the
-# schedule. At run time: the addresses, num_tokens and the stream; the host
-# code picks the plan from num_tokens, so one launcher serves the whole
-# profile. Each plan has one launch site: CuteDSL compiles a kernel once per
-# launch site.
+# Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment, the form
+# (plain, or residual: R and S given) and the schedule. At run time: the
+# addresses, num_tokens and the stream; the host code picks the plan from
+# num_tokens, so one launcher serves the whole profile. Each plan has one
+# launch site: CuteDSL compiles a kernel once per launch site.
 
 
-def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
+def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS):
     """Launch rms_norm_kernel with one plan: grid, CTA size, cluster and launch bound."""
     options = {}
     if plan.cluster_ctas > 1:
@@ -970,7 +1045,10 @@ def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon):
         # -1, the driver's default carveout, keeps CuteDSL from asking the
         # GPU for its shared-memory size at compile time.
         options["preferred_smem_carveout"] = -1
-    kernel = rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon)
+    r_ptr = mR.iterator if plan.residual else None
+    s_ptr = mS.iterator if plan.residual else None
+    pointers = (mX.iterator, r_ptr, mW.iterator, num_tokens, mY.iterator, s_ptr)
+    kernel = rms_norm_kernel(*pointers, plan, epsilon)
     kernel.launch(
         grid=[plan.grid(num_tokens), 1, 1],
         block=[plan.cta_threads, 1, 1],
@@ -999,14 +1077,18 @@ def rms_norm_launch(
     stream: cuda.CUstream,
     schedule: cutlass.Constexpr,
     epsilon: cutlass.Constexpr,
+    mR: cute.Tensor | None = None,
+    mS: cute.Tensor | None = None,
 ):
+    # The residual form's R and S come last, so that the plain form's
+    # compiled launcher is called with (X, W, Y, num_tokens, stream) alone.
     for p in cutlass.range_constexpr(len(schedule)):
         plan, counts = schedule[p]
         # One plan for every count needs no range test at run time.
         if cutlass.const_expr(len(schedule) == 1):
-            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS)
         elif serves(num_tokens, counts):
-            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon)
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS)
 
 
 def validate_epsilon(value) -> float:
@@ -1043,8 +1125,9 @@ def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: s
                      keep_ptx: bool = False):
     """rms_norm_launch for one schedule, dtype pair, epsilon and arch, on fake tensors.
 
-    No GPU needed. keep_ptx: the PTX in .__ptx__. support/check_kernel.py
-    compiles a copy's plans one at a time through this function.
+    No GPU needed; the schedule's plans say the form. keep_ptx: the PTX in
+    .__ptx__. support/check_kernel.py compiles a copy's plans one at a time
+    through this function.
     """
     hidden = schedule[0][0].hidden
     fake = cute.runtime.make_fake_compact_tensor
@@ -1052,11 +1135,17 @@ def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: s
     x_type = getattr(cutlass, DTYPES[dtype].cute)
     w_type = getattr(cutlass, DTYPES[w_dtype].cute)
     rows = (tokens, hidden)
-    x = fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
-    y = fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+
+    def fake_rows():
+        return fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+
     w = fake(w_type, (hidden,), assumed_align=VECTOR_BYTES)
+    residual = (None, None)
+    if schedule[0][0].residual:
+        residual = (fake_rows(), fake_rows())
     stream = cute.runtime.make_fake_stream()
-    args = (rms_norm_launch, x, w, y, Int32(1), stream, schedule, epsilon)
+    args = (rms_norm_launch, fake_rows(), w, fake_rows(), Int32(1), stream, schedule, epsilon,
+            *residual)
     if not keep_ptx:
         return cute.compile(*args, options=f"--gpu-arch {arch}")
     # CuteDSL also writes the PTX to a file: keep it out of the user's directory.
@@ -1071,11 +1160,13 @@ _COMPILE_LOCK = threading.Lock()
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
                      arch: str | None = None, *, w_dtype: str = "float32",
-                     keep_ptx: bool = False, plans_by_tokens: bool = True):
-    """The launcher for one dtype pair, hidden and epsilon, compiled once per process.
+                     keep_ptx: bool = False, plans_by_tokens: bool = True,
+                     residual: bool = False):
+    """The launcher for one dtype pair, hidden, epsilon and form, compiled once per process.
 
     For the current GPU, or for `arch` ("sm_90a": no GPU needed). keep_ptx:
     compiled anew, PTX in .__ptx__. plans_by_tokens=False: AOT's one plan.
+    residual=True: the fused form, called as (X, W, Y, num_tokens, stream, R, S).
     """
     for name, value, allowed in (
         ("dtype", dtype, ACTIVATION_DTYPES),
@@ -1089,12 +1180,13 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
         arch = gpu_arch()
     sm90 = is_sm90(arch)  # every argument is checked before any tracing
     if plans_by_tokens:
-        schedule = token_schedule(hidden, elem_bytes, sm90=sm90)
+        schedule = token_schedule(hidden, elem_bytes, sm90, residual)
     else:
-        schedule = ((plan_kernel(hidden, elem_bytes, sm90=False), ((None, None),)),)
+        plan = plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
+        schedule = ((plan, ((None, None),)),)
     if keep_ptx:
         return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True)
-    key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens)
+    key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens, residual)
     with _COMPILE_LOCK:
         if key not in _COMPILED:
             _COMPILED[key] = compile_launcher(schedule, dtype, w_dtype, epsilon, arch)
@@ -1142,7 +1234,10 @@ def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: 
 # an execution context, calls on_shape_change, then enqueue.
 
 PLUGIN_NAME = "RmsNormPlugin"
-PLUGIN_VERSION = "1"  # bump it when the stored fields change
+# An engine finds its creator by name, version and namespace. Bump the version
+# only where an engine saved before could not be served any more: a new field
+# with a default, as `residual` (absent: the plain form), keeps it loading.
+PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 
 
@@ -1182,24 +1277,51 @@ def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
     raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {choices}, got {trt_type}")
 
 
-def epsilon_fields(epsilon: float):
-    """(fields, the array they point into), for the plugin's one field.
+def plugin_fields(epsilon: float, residual: bool):
+    """(fields, the arrays they point into): epsilon, and the form (1: residual).
 
     A trt.PluginField does not own its buffer, so the caller must keep the
-    array alive as long as TensorRT may read the fields.
+    arrays alive as long as TensorRT may read the fields.
     """
     require_tensorrt()  # plugin_network starts here
-    buffer = np.array([epsilon], dtype=np.float32)
-    field = trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)
-    fields = trt.PluginFieldCollection([field])
-    return fields, buffer
+    epsilon_buffer = np.array([epsilon], dtype=np.float32)
+    residual_buffer = np.array([int(residual)], dtype=np.int32)
+    fields = trt.PluginFieldCollection([
+        trt.PluginField("epsilon", epsilon_buffer, trt.PluginFieldType.FLOAT32),
+        trt.PluginField("residual", residual_buffer, trt.PluginFieldType.INT32),
+    ])
+    return fields, (epsilon_buffer, residual_buffer)
+
+
+def io_names(residual: bool) -> tuple:
+    """The plugin's inputs, then its outputs, in TensorRT's order."""
+    if residual:
+        return ("X", "R", "W"), ("Y", "S")
+    return ("X", "W"), ("Y",)
+
+
+def same_dims(x_dims, r_dims) -> bool:
+    """Whether R can have X's symbolic shape: its rank, and its sizes where both are known."""
+    if len(r_dims) != len(x_dims):
+        return False
+    for i in range(len(x_dims)):
+        x_dim = x_dims[i]
+        r_dim = r_dims[i]
+        if x_dim.is_constant() and r_dim.is_constant():
+            if x_dim.get_constant_value() != r_dim.get_constant_value():
+                return False
+    return True
 
 
 class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
                     trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
-    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis of X [..., hidden]."""
+    """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis of X [..., hidden].
 
-    def __init__(self, epsilon: float = DEFAULT_EPSILON):
+    The residual form takes (X, R, W) and returns (Y, S): S = X + R in X's
+    dtype, the next layer's residual, and Y the norm of S.
+    """
+
+    def __init__(self, epsilon: float = DEFAULT_EPSILON, residual: bool = False):
         """Called by the creator's create_plugin and by clone()."""
         require_tensorrt()
         # TensorRT's Python plugins must initialize each base explicitly.
@@ -1210,16 +1332,19 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         self.plugin_name = PLUGIN_NAME
         self.plugin_version = PLUGIN_VERSION
         self.plugin_namespace = PLUGIN_NAMESPACE
-        self.num_outputs = 1
         self.epsilon = validate_epsilon(epsilon)
-        fields, buffer = epsilon_fields(self.epsilon)
+        self.residual = bool(residual)
+        self._inputs, self._outputs = io_names(self.residual)
+        self.num_outputs = len(self._outputs)
+        fields, (epsilon_buffer, residual_buffer) = plugin_fields(self.epsilon, self.residual)
         self._fields = fields
-        self._epsilon_buffer = buffer  # the fields point into it
+        self._epsilon_buffer = epsilon_buffer  # the fields point into both
+        self._residual_buffer = residual_buffer
         # One execution context's state, never stored in the engine:
         self._kernel = None  # the compiled launcher
         self._io = None  # the (X dtype, hidden, W dtype) it serves
         self._device = None  # the CUDA device it was compiled on
-        self._wrapped = {}  # (X, W, Y) addresses -> CuTe tensors
+        self._wrapped = {}  # the I/O addresses -> CuTe tensors
         self._streams = {}  # TensorRT's stream handle -> CUstream
 
     def get_capability_interface(self, type):
@@ -1228,22 +1353,29 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
 
     def clone(self):
         """Build and run time: the same attributes, empty run-time state."""
-        return RmsNormPlugin(self.epsilon)
+        return RmsNormPlugin(self.epsilon, self.residual)
 
     def get_output_data_types(self, input_types):
-        """Build time, network definition: Y has X's dtype."""
-        dtype_name(input_types[0], "X", ACTIVATION_DTYPES)
-        dtype_name(input_types[1], "W", WEIGHT_DTYPES)
-        return [input_types[0]]
+        """Build time, network definition: Y (and S) have X's dtype."""
+        x_type = input_types[0]
+        dtype_name(x_type, "X", ACTIVATION_DTYPES)
+        dtype_name(input_types[-1], "W", WEIGHT_DTYPES)
+        if self.residual and input_types[1] != x_type:
+            raise ValueError(f"{PLUGIN_NAME}: R must have X's dtype {x_type}, "
+                             f"got {input_types[1]}")
+        return [x_type] * self.num_outputs
 
     def get_output_shapes(self, inputs, shape_inputs, expr_builder):
-        """Build time: Y has X's symbolic shape, X [..., hidden]."""
-        if len(inputs) != 2 or len(inputs[0]) < 2 or len(inputs[1]) != 1:
-            raise ValueError(f"{PLUGIN_NAME}: expects X [..., hidden] of rank 2 or more "
-                             "and W [hidden]")
+        """Build time: Y (and S) have X's symbolic shape, X [..., hidden]."""
+        expected = f"X [..., hidden] of rank 2 or more{', R of its shape' * self.residual}"
+        if (len(inputs) != len(self._inputs) or len(inputs[0]) < 2
+                or len(inputs[-1]) != 1):
+            raise ValueError(f"{PLUGIN_NAME}: expects {expected} and W [hidden]")
         x_dims = inputs[0]
+        if self.residual and not same_dims(x_dims, inputs[1]):
+            raise ValueError(f"{PLUGIN_NAME}: expects {expected} and W [hidden]")
         x_hidden = x_dims[len(x_dims) - 1]
-        w_hidden = inputs[1][0]
+        w_hidden = inputs[-1][0]
         if not x_hidden.is_constant():
             raise ValueError(f"{PLUGIN_NAME}: the hidden dimension of X must be static "
                              "(the kernel bakes it in)")
@@ -1255,16 +1387,17 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         if not 1 <= hidden <= MAX_HIDDEN:
             raise ValueError(f"{PLUGIN_NAME}: hidden must be in [1, {MAX_HIDDEN}], "
                              f"got {hidden}")
-        return [trt.DimsExprs(x_dims)]
+        return [trt.DimsExprs(x_dims) for _ in self._outputs]
 
     def supports_format_combination(self, pos, in_out, num_inputs):
-        """Build time, per I/O slot: linear X, W and Y; Y of X's dtype."""
+        """Build time, per I/O slot: all linear; X and W of their dtypes, the rest X's."""
         desc = in_out[pos].desc
         if desc.format != trt.TensorFormat.LINEAR:
             return False
-        if pos == 2:
+        name = (self._inputs + self._outputs)[pos]
+        if name not in ("X", "W"):
             return desc.type == in_out[0].desc.type
-        allowed = ACTIVATION_DTYPES if pos == 0 else WEIGHT_DTYPES
+        allowed = ACTIVATION_DTYPES if name == "X" else WEIGHT_DTYPES
         trt_types = [getattr(trt.DataType, DTYPES[d].trt) for d in allowed]
         return desc.type in trt_types
 
@@ -1275,7 +1408,7 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         """Build and run time: there is no tactic to select."""
 
     def get_fields_to_serialize(self):
-        """Build time and engine save: epsilon, the only stored attribute."""
+        """Build time and engine save: epsilon and the form, the stored attributes."""
         return self._fields
 
     def attach_to_context(self, context):
@@ -1286,12 +1419,13 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         """Run time, before the first enqueue and on a shape change: compile here."""
         dtype = dtype_name(inp[0].type, "X", ACTIVATION_DTYPES)
         hidden = inp[0].dims[-1]
-        w_dtype = dtype_name(inp[1].type, "W", WEIGHT_DTYPES)
+        w_dtype = dtype_name(inp[-1].type, "W", WEIGHT_DTYPES)
         io = (dtype, hidden, w_dtype)
         if io == self._io:
             return  # a new token count: the launcher takes it at run time
         # Compiling is slow; enqueue, on the inference path, never does it.
-        self._kernel = compile_rms_norm(dtype, hidden, self.epsilon, w_dtype=w_dtype)
+        self._kernel = compile_rms_norm(dtype, hidden, self.epsilon, w_dtype=w_dtype,
+                                        residual=self.residual)
         self._io = io
         self._device = torch.cuda.current_device()
         self._wrapped.clear()
@@ -1299,34 +1433,39 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
     def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
         """Run time, every inference: launch on TensorRT's stream."""
         num_tokens = math.prod(input_desc[0].dims[:-1])  # all but hidden count rows
-        key = (inputs[0], inputs[1], outputs[0])
+        key = (*inputs, *outputs)
         tensors = self._wrapped.get(key)
         if tensors is None:  # a context usually reuses its buffers
-            tensors = self._wrap_buffers(*key, num_tokens)
+            tensors = self._wrap_buffers(key, num_tokens)
         cu_stream = self._streams.get(stream)
         if cu_stream is None:
             cu_stream = cuda.CUstream(stream)
             self._streams[stream] = cu_stream
-        self._kernel(*tensors, num_tokens, cu_stream)
+        x, w, y, *residual = tensors
+        self._kernel(x, w, y, num_tokens, cu_stream, *residual)
 
-    def _wrap_buffers(self, x_ptr, w_ptr, y_ptr, num_tokens):
+    def _wrap_buffers(self, addresses, num_tokens):
         """enqueue's handoff ([6]) for one set of addresses, then cached.
 
-        The launcher takes the row count as an argument, so the tensors
-        wrapped at one count serve every count.
+        Returns the launcher's tensors: X, W, Y, and R, S in the residual form.
+        It takes the row count as an argument, so the tensors wrapped at one
+        count serve every count.
         """
         dtype, hidden, w_dtype = self._io
         device = self._device
         # Addresses that change on every call must not grow the cache.
         if len(self._wrapped) >= 256:
             self._wrapped.clear()
-        rows = (num_tokens, hidden)
-        tensors = (
-            cute_tensor_from_pointer(x_ptr, rows, dtype, device),
-            cute_tensor_from_pointer(w_ptr, (hidden,), w_dtype, device),
-            cute_tensor_from_pointer(y_ptr, rows, dtype, device),
-        )
-        self._wrapped[(x_ptr, w_ptr, y_ptr)] = tensors
+        by_name = {}
+        for name, address in zip(self._inputs + self._outputs, addresses):
+            if name == "W":
+                view = cute_tensor_from_pointer(address, (hidden,), w_dtype, device)
+            else:
+                view = cute_tensor_from_pointer(address, (num_tokens, hidden), dtype, device)
+            by_name[name] = view
+        order = ("X", "W", "Y", "R", "S")[:3 + 2 * self.residual]
+        tensors = tuple(by_name[name] for name in order)
+        self._wrapped[addresses] = tensors
         return tensors
 
 
@@ -1341,25 +1480,46 @@ class RmsNormPluginCreator(trt.IPluginCreatorV3One):
         self.plugin_version = PLUGIN_VERSION
         self.plugin_namespace = PLUGIN_NAMESPACE
         # The fields create_plugin takes, with their defaults.
-        fields, buffer = epsilon_fields(DEFAULT_EPSILON)
+        fields, (epsilon_buffer, residual_buffer) = plugin_fields(DEFAULT_EPSILON, False)
         self.field_names = fields
-        self._default_epsilon = buffer  # the fields point into it
+        self._default_epsilon = epsilon_buffer  # the fields point into both
+        self._default_residual = residual_buffer
 
     def create_plugin(self, name, field_collection, phase):
         """Build time (network API, ONNX parser) and engine load: a plugin from its fields."""
         fields = {field.name: field for field in field_collection}
-        field = fields.get("epsilon")
-        if field is None:
-            got = f"fields {sorted(fields)}"
-        elif field.type != trt.PluginFieldType.FLOAT32:
-            # The bindings cannot return .data of FLOAT16 or BF16 fields.
-            got = f"a {field.type} field"
-        elif len(field.data) != 1:
-            got = f"a {field.type} field of {len(field.data)} values"
-        else:
-            return RmsNormPlugin(field.data[0])
-        raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' "
-                         f"holding one value, got {got}")
+        return RmsNormPlugin(epsilon_field(fields), residual_field(fields))
+
+
+def epsilon_field(fields: dict) -> float:
+    """The value of the field 'epsilon' (fields by name), or ValueError."""
+    field = fields.get("epsilon")
+    if field is None:
+        got = f"fields {sorted(fields)}"
+    elif field.type != trt.PluginFieldType.FLOAT32:
+        # The bindings cannot return .data of FLOAT16 or BF16 fields.
+        got = f"a {field.type} field"
+    elif len(field.data) != 1:
+        got = f"a {field.type} field of {len(field.data)} values"
+    else:
+        return field.data[0]
+    raise ValueError(f"{PLUGIN_NAME}: needs one FLOAT32 field 'epsilon' "
+                     f"holding one value, got {got}")
+
+
+def residual_field(fields: dict) -> bool:
+    """The form the field 'residual' selects; absent (an engine saved before it): plain."""
+    field = fields.get("residual")
+    if field is None:
+        return False
+    if field.type != trt.PluginFieldType.INT32:
+        got = f"a {field.type} field"
+    elif len(field.data) != 1 or field.data[0] not in (0, 1):
+        got = f"values {np.asarray(field.data).tolist()}"
+    else:
+        return bool(field.data[0])
+    raise ValueError(f"{PLUGIN_NAME}: field 'residual' must be one INT32 value, 0 (plain) "
+                     f"or 1 (residual), got {got}")
 
 
 # The registry does not keep a Python creator alive; this reference does.
@@ -1416,38 +1576,47 @@ def tensorrt_stage(stage: str):
         ) from exc
 
 
-def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """((builder, network), plugin): one plugin layer, X and W its inputs.
+def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
+                   residual: bool = False):
+    """((builder, network), plugin): one plugin layer, its inputs the network's.
 
-    The plugin comes from the registered creator, as the ONNX parser gets
-    it, so both ways of building go through create_plugin.
+    X, (R,) W in, Y (, S) out. The plugin comes from the registered creator,
+    as the ONNX parser gets it, so both ways of building go through
+    create_plugin.
     """
     from polygraphy.backend.trt import create_network
 
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
-        # _buffer stays alive until create_plugin has copied the field.
-        fields, _buffer = epsilon_fields(epsilon)
+        # _buffers stay alive until create_plugin has copied the fields.
+        fields, _buffers = plugin_fields(epsilon, residual)
         creator = register_creator()
         phase = trt.TensorRTPhase.BUILD
         plugin = creator.create_plugin("rms_norm", fields, phase)
         x_type = getattr(trt.DataType, DTYPES[dtype].trt)
         w_type = getattr(trt.DataType, DTYPES[w_dtype].trt)
-        x = network.add_input("X", x_type, (-1, hidden))
-        w = network.add_input("W", w_type, (hidden,))
-        layer = network.add_plugin_v3([x, w], [], plugin)
-        y = layer.get_output(0)
-        y.name = "Y"
-        network.mark_output(y)
+        input_names, output_names = io_names(residual)
+        inputs = []
+        for name in input_names:
+            if name == "W":
+                inputs.append(network.add_input(name, w_type, (hidden,)))
+            else:
+                inputs.append(network.add_input(name, x_type, (-1, hidden)))
+        layer = network.add_plugin_v3(inputs, [], plugin)
+        for i, name in enumerate(output_names):
+            output = layer.get_output(i)
+            output.name = name
+            network.mark_output(output)
     return (builder, network), plugin
 
 
-def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
+def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
+                 residual: bool = False):
     """The same network, from a one-node ONNX model of op type PLUGIN_NAME.
 
     TensorRT's parser asks the registry for the creator that the node's
     plugin_version and plugin_namespace name, and passes every other
-    attribute (here epsilon) as a field.
+    attribute (here epsilon and residual) as a field.
     """
     try:
         from onnx import TensorProto, helper
@@ -1459,19 +1628,29 @@ def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
     x_type = getattr(TensorProto, DTYPES[dtype].onnx)
     w_type = getattr(TensorProto, DTYPES[w_dtype].onnx)
     rows = ["num_tokens", hidden]
-    x = helper.make_tensor_value_info("X", x_type, rows)
-    w = helper.make_tensor_value_info("W", w_type, [hidden])
-    y = helper.make_tensor_value_info("Y", x_type, rows)
+    input_names, output_names = io_names(residual)
+
+    def value_info(name):
+        if name == "W":
+            return helper.make_tensor_value_info(name, w_type, [hidden])
+        return helper.make_tensor_value_info(name, x_type, rows)
+
     node = helper.make_node(
         PLUGIN_NAME,
-        inputs=["X", "W"],
-        outputs=["Y"],
+        inputs=list(input_names),
+        outputs=list(output_names),
         name="rms_norm",
         epsilon=float(epsilon),
+        residual=int(residual),
         plugin_version=PLUGIN_VERSION,
         plugin_namespace=PLUGIN_NAMESPACE,
     )
-    graph = helper.make_graph([node], "rms_norm", inputs=[x, w], outputs=[y])
+    graph = helper.make_graph(
+        [node],
+        "rms_norm",
+        inputs=[value_info(name) for name in input_names],
+        outputs=[value_info(name) for name in output_names],
+    )
     opset = helper.make_opsetid("", 17)
     model = helper.make_model(graph, ir_version=8, opset_imports=[opset])
     register_creator()  # the parser finds the plugin in the registry
@@ -1520,6 +1699,14 @@ def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int,
     return x, w
 
 
+def make_residual(num_tokens: int, hidden: int, dtype: str, seed: int):
+    """Random R of the residual form, as make_inputs' X but drawn apart from it."""
+    # Another stream than X's (the seed's low bits flipped): S must not be 2X.
+    gen = torch.Generator().manual_seed(seed ^ 0x5EED)
+    r = torch.randn(num_tokens, hidden, generator=gen)
+    return r.to(getattr(torch, DTYPES[dtype].torch))
+
+
 def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dtype: str):
     """(all within Y_TOLERANCE[dtype], max abs error) against float64."""
     ref = rms_norm_reference(x, w, epsilon)
@@ -1532,10 +1719,11 @@ def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dt
 
 
 def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
-                  w_dtype="float32") -> bool:
+                  w_dtype="float32", residual=False) -> bool:
     """Run each token count through one context and compare with NumPy.
 
-    The buffers and the stream are torch's, as in an application.
+    The buffers and the stream are torch's, as in an application. In the
+    residual form S must equal X + R bit for bit, and Y is S's norm.
     """
     context = engine.create_execution_context()
     stream = torch.cuda.Stream()
@@ -1543,24 +1731,36 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
     for n in token_counts:
         # The flag's seed as given: every value it accepts is one torch takes.
         x, w = make_inputs(n, hidden, dtype, seed, w_dtype)
-        xd = x.cuda()
-        wd = w.cuda()
-        # An element the engine leaves unwritten stays NaN and fails.
-        yd = torch.full_like(xd, float("nan"))
-        context.set_input_shape("X", tuple(xd.shape))
-        context.set_tensor_address("X", xd.data_ptr())
-        context.set_tensor_address("W", wd.data_ptr())
-        context.set_tensor_address("Y", yd.data_ptr())
+        tensors = {"X": x, "W": w}
+        if residual:
+            tensors["R"] = make_residual(n, hidden, dtype, seed)
+        # An output the engine leaves unwritten stays NaN and fails.
+        for name in io_names(residual)[1]:
+            tensors[name] = torch.full_like(x, float("nan"))
+        on_gpu = {name: tensor.cuda() for name, tensor in tensors.items()}
+        context.set_input_shape("X", tuple(x.shape))
+        if residual:
+            context.set_input_shape("R", tuple(x.shape))
+        for name, tensor in on_gpu.items():
+            context.set_tensor_address(name, tensor.data_ptr())
         # The uploads ran on torch's stream; TensorRT reads on `stream`.
         torch.cuda.synchronize()
         if not context.execute_async_v3(stream.cuda_stream):
             raise TensorRTError(f"TensorRT could not run the engine at {n} tokens; "
                                 "its log above says why")
         stream.synchronize()
-        y = yd.float().cpu().numpy()
-        ok, err = check_output(y, x.float().numpy(), w.float().numpy(), epsilon, dtype)
+        normalized = x
+        s_note = ""
+        s_ok = True
+        if residual:
+            normalized = residual_reference(x, tensors["R"])
+            s_ok = torch.equal(on_gpu["S"].cpu(), normalized)
+            s_note = "  S == X + R" if s_ok else "  S != X + R"
+        y = on_gpu["Y"].float().cpu().numpy()
+        ok, err = check_output(y, normalized.float().numpy(), w.float().numpy(), epsilon, dtype)
+        ok = ok and s_ok
         verdict = "ok" if ok else "MISMATCH"
-        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}  {verdict}")
+        print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}{s_note}  {verdict}")
         all_ok = all_ok and ok
     return all_ok
 
@@ -1607,6 +1807,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                         help="W dtype (default float32)")
     parser.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON,
                         help=f"default {DEFAULT_EPSILON}")
+    parser.add_argument("--residual", action="store_true",
+                        help="the fused form: (X, R, W) in, (Y, S = X + R) out")
     parser.add_argument("--from-onnx", action="store_true",
                         help="build through TensorRT's ONNX parser (needs onnx)")
     parser.add_argument("--plans", action="store_true",
@@ -1657,10 +1859,13 @@ def build_engine(args: argparse.Namespace):
     """[8] for these flags, through the network API or the ONNX parser."""
     elem_bytes = DTYPES[args.dtype].bytes
     sm90 = is_sm90(gpu_arch())
-    print("\n".join(schedule_lines(args.hidden_dim, elem_bytes, sm90)))
+    print("\n".join(schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual)))
     counts = (args.min_tokens, args.opt_tokens, args.max_tokens)
-    shapes = {"X": tuple((n, args.hidden_dim) for n in counts)}
-    network_args = (args.hidden_dim, args.dtype, args.epsilon, args.weight_dtype)
+    rows = tuple((n, args.hidden_dim) for n in counts)
+    shapes = {"X": rows}
+    if args.residual:
+        shapes["R"] = rows
+    network_args = (args.hidden_dim, args.dtype, args.epsilon, args.weight_dtype, args.residual)
     if args.from_onnx:
         network = onnx_network(*network_args)
         return build_from_network(network, shapes)
@@ -1682,12 +1887,13 @@ def run(args: argparse.Namespace, make_engine) -> int:
     counts = [n for n in dict.fromkeys(wanted) if n >= low]
     try:
         check_environment()
-        print(f"RMSNorm {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, "
+        form = "X + R, then RMSNorm" if args.residual else "RMSNorm"
+        print(f"{form} {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, "
               f"epsilon {args.epsilon:g}, profile [{low}, {high}] opt {args.opt_tokens}")
         engine = make_engine(args)
         with tensorrt_stage("execution context"):
             correct = run_and_check(engine, counts, args.hidden_dim, args.dtype,
-                                    args.epsilon, args.seed, args.weight_dtype)
+                                    args.epsilon, args.seed, args.weight_dtype, args.residual)
     except (UsageError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -1705,7 +1911,7 @@ def main(args: argparse.Namespace) -> int:
     elem_bytes = DTYPES[args.dtype].bytes
     targets = (("sm_90 and newer", True), ("sm_80 to sm_89", False))
     for target, sm90 in targets:
-        lines = schedule_lines(args.hidden_dim, elem_bytes, sm90)
+        lines = schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual)
         heading = f"{args.dtype} hidden {args.hidden_dim}, {target}:"
         print(heading, *lines, sep="\n  ")
     return EXIT_CORRECT

@@ -40,7 +40,11 @@ def engine_record(args, source: str, plugin: str) -> dict:
     """What shaped an engine: how it was built, the plugin it needs, every flag."""
     return {"source": source, "plugin": plugin, "dtype": args.dtype, "weight_dtype": args.weight_dtype,
             "hidden": args.hidden_dim, "profile": [args.min_tokens, args.opt_tokens, args.max_tokens],
-            "epsilon": sample.validate_epsilon(args.epsilon)}
+            "epsilon": sample.validate_epsilon(args.epsilon), "residual": args.residual}
+
+
+# Keys a record of an earlier version of this sample lacks, with the value its engine was built with.
+ADDED_KEYS = {"residual": False}
 
 
 def temp_name(path: str) -> str:
@@ -119,6 +123,8 @@ def check_saved_engine(path: str, record: dict) -> bytes:
         raise sample.UsageError(f"cannot read the engine record '{record_path}' ({exc}); {redo}") from None
     except RecursionError:  # nested deeper than json.loads can follow: not a record of ours either
         saved = None
+    if isinstance(saved, dict):
+        saved = {**ADDED_KEYS, **saved}  # a plain engine saved before the fused form still loads
     if not (isinstance(saved, dict) and set(saved) == set(record) | {"sha256"} and type(saved["sha256"]) is str
             and all(same_types(saved[key], record[key]) for key in record)):
         raise sample.UsageError(f"'{record_path}' is not an engine record written by this sample; {redo}")

@@ -2,7 +2,7 @@
 """Compile every plan of a copy of the sample's kernel without a GPU, and report what each costs.
 
 Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a bias, a second
-reduction) and the rule's inputs (COLUMN_INPUTS, REDUCTIONS, STAGED_INPUTS): fit_registers fits
+reduction) and the rule's inputs (COLUMN_INPUTS, REDUCTIONS, ROW_INPUTS): fit_registers fits
 each plan to what a thread then holds, and this check shows what ptxas makes of it. A plan that
 spills without a launch bound can ask ptxas for the CTAs per SM of its estimate: put its tag in the
 copy's BOUND_BY_ESTIMATE.
@@ -13,8 +13,10 @@ copy's BOUND_BY_ESTIMATE.
 
 For each plan it prints the arch, the X/W dtypes, hidden, the token counts the plan serves and its
 tag, then what ptxas makes of it: registers, spilled bytes, shared memory, CTAs per SM on that arch,
-whether the plan's launch bound is met, and the widths of its global X loads and Y stores (a plan's
-vector width expected: 16 bytes wherever a vector is 16 bytes). A summary line and the kernels that
+whether the plan's launch bound is met, and the widths of its global X (and R) loads and of its
+stores (a plan's vector width expected: 16 bytes wherever a vector is 16 bytes). Where the copy's
+token_schedule takes `residual`, both forms are checked (--forms picks one): the residual form
+reads R beside X and stores S beside Y. A summary line and the kernels that
 fail close the listing. --all-sizes compiles, in every row-length class of the copy's tuning table,
 its shortest and longest rows, rows that leave a thread short, rows of narrower vectors and its
 roundest row (all_sizes says which), for every dtype pair on sm_80 and sm_90a; --hidden, --dtypes,
@@ -23,7 +25,8 @@ roundest row (all_sizes says which), for every dtype pair on sm_80 and sm_90a; -
 The copy is taken through hooks it defines itself, so that a kernel with other inputs compiles as
 its own launcher does: compile_launcher (each plan is compiled alone through it), DTYPE_PAIRS,
 DTYPES, DEFAULT_EPSILON, MAX_HIDDEN, row_classes, token_schedule and is_sm90. X is the kernel's
-first parameter, as in the sample; Y is what it stores to global memory.
+first parameter and R, in the residual form, its second, as in the sample; Y (and S) are what it
+stores to global memory.
 
 Exit codes: 0 no kernel spills or misses its launch bound; 1 a kernel spills, misses its launch
 bound (ptxas ignored it, or it leaves fewer CTAs on an SM) or fails to compile; 2 a usage error
@@ -36,6 +39,7 @@ import argparse
 import collections
 import concurrent.futures
 import importlib.util
+import inspect
 import math
 import multiprocessing
 import os
@@ -52,6 +56,7 @@ HOOKS = ("compile_launcher", "DTYPE_PAIRS", "DTYPES", "DEFAULT_EPSILON", "MAX_HI
          "row_classes", "token_schedule", "is_sm90")
 WIDEST_ACCESS = 16  # bytes a thread moves in one global access at most (ld.global.v4.b32)
 DEFAULT_HIDDEN = "1024,2048,4096,8192,12288,16384"
+FORMS = {"plain": False, "residual": True}  # token_schedule's residual argument
 EXIT_CLEAN = 0
 EXIT_FOUND = 1
 EXIT_USAGE = 2
@@ -68,11 +73,11 @@ REGISTER_STEP = 8  # registers are allocated in steps of 8 a thread (256 a warp)
 WARP_THREADS = 32
 
 # One plan compiled: what it is and what ptxas made of it. x_loads holds (how, bytes) pairs, how
-# being "ld" (ld.global), "cp.async" or "bulk" (a row copied whole: bytes 0); y_stores the bytes of
-# each width of st.global.
+# being "ld" (ld.global), "cp.async" or "bulk" (a row copied whole: bytes 0); r_loads the same of
+# R (empty in the plain form); y_stores the bytes of each width of st.global.
 KernelReport = collections.namedtuple(
     "KernelReport", "arch dtype w_dtype hidden counts plan min_ctas_per_sm expected_bytes "
-                    "registers spill_bytes shared_memory ctas_per_sm x_loads y_stores")
+                    "registers spill_bytes shared_memory ctas_per_sm x_loads y_stores r_loads")
 
 
 class UsageError(Exception):
@@ -241,15 +246,36 @@ def check_plan(module, arch: str, dtype: str, w_dtype: str, plan, counts) -> Ker
     registers, spills, static_shared = resources(report)
     shared = static_shared + launch_shared_memory(compiled)
     x_loads, y_stores = global_accesses(compiled.__ptx__)
+    r_loads = frozenset()
+    if getattr(plan, "residual", False):
+        r_loads, _ = global_accesses(compiled.__ptx__, x_param=1)
     return KernelReport(arch, dtype, w_dtype, plan.hidden, counts, str(plan), plan.min_ctas_per_sm,
                         plan.vec * plan.elem_bytes, registers, spills, shared,
-                        ctas_per_sm(plan.cta_threads, registers, shared, arch), x_loads, y_stores)
+                        ctas_per_sm(plan.cta_threads, registers, shared, arch), x_loads, y_stores,
+                        r_loads)
 
 
-def check(module, hidden: int, dtype: str, arch: str = "sm_90a", w_dtype: str = "float32"):
+def schedule_of(module, hidden: int, elem_bytes: int, sm90: bool, residual: bool = False):
+    """The module's token_schedule, of the residual form where asked (a copy may have none)."""
+    if residual:
+        return module.token_schedule(hidden, elem_bytes, sm90, residual=True)
+    return module.token_schedule(hidden, elem_bytes, sm90)
+
+
+def module_forms(module) -> list:
+    """The forms the copy's token_schedule can plan: plain, and residual where it takes it."""
+    forms = [False]
+    if "residual" in inspect.signature(module.token_schedule).parameters:
+        forms.append(True)
+    return forms
+
+
+def check(module, hidden: int, dtype: str, arch: str = "sm_90a", w_dtype: str = "float32",
+          residual: bool = False):
     """[KernelReport] for every plan the module's launcher holds at this hidden size, compiled in
     this process."""
-    schedule = module.token_schedule(hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch))
+    schedule = schedule_of(module, hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch),
+                           residual)
     return [check_plan(module, arch, dtype, w_dtype, plan, counts) for plan, counts in schedule]
 
 
@@ -279,7 +305,8 @@ def plan_kind(plan) -> tuple:
     """What sets a plan's code apart, hidden aside."""
     return (plan.arrival, plan.cluster_ctas > 1, plan.rows_in_sequence > 1, plan.early_weight,
             getattr(plan, "weight_by_vector", False), plan.min_ctas_per_sm > 0,
-            plan.vec * plan.elem_bytes == WIDEST_ACCESS, plan.ragged)
+            plan.vec * plan.elem_bytes == WIDEST_ACCESS, plan.ragged,
+            getattr(plan, "residual", False))
 
 
 def rarer_kinds(module, elem_bytes: int, fewest: int, most: int, chosen: set) -> set:
@@ -287,8 +314,8 @@ def rarer_kinds(module, elem_bytes: int, fewest: int, most: int, chosen: set) ->
     chosen sizes (a launch bound the rule keeps for one size, W a vector at a time from some
     length on), the first size that gives it. Plans are plain Python: the scan costs seconds."""
     def kinds(hidden):
-        return {plan_kind(plan) for sm90 in (False, True)
-                for plan, _ in module.token_schedule(hidden, elem_bytes, sm90)}
+        return {plan_kind(plan) for sm90 in (False, True) for residual in module_forms(module)
+                for plan, _ in schedule_of(module, hidden, elem_bytes, sm90, residual)}
 
     covered = set().union(*map(kinds, chosen))
     extra = set()
@@ -305,9 +332,12 @@ def bound_met(row: KernelReport) -> bool:
 
 
 def narrow(row: KernelReport) -> bool:
-    """Whether an X load or a Y store is narrower than the plan's vectors, or none was found."""
-    widths = [size for how, size in row.x_loads if how != "bulk"] + list(row.y_stores)
-    return not (row.x_loads and row.y_stores) or min(widths) < row.expected_bytes
+    """Whether an X or R load or a store is narrower than the plan's vectors, or none was found."""
+    loads = row.x_loads | row.r_loads
+    widths = [size for how, size in loads if how != "bulk"] + list(row.y_stores)
+    residual = row.plan.endswith("_residual")
+    found = row.x_loads and row.y_stores and (row.r_loads or not residual)
+    return not found or min(widths) < row.expected_bytes
 
 
 def token_range(counts) -> str:
@@ -316,8 +346,9 @@ def token_range(counts) -> str:
                     for fewer, most in counts)
 
 
-HEADER = (f"{'arch':<7} {'x/w dtypes':<17} {'hidden':>6} {'tokens':<17} {'plan':<44} {'regs':>4} "
-          f"{'spill':>5} {'smem':>6} {'CTAs/SM':>7} {'bound':<9} {'X loads':<14} Y stores")
+HEADER = (f"{'arch':<7} {'x/w dtypes':<17} {'hidden':>6} {'tokens':<17} {'plan':<53} {'regs':>4} "
+          f"{'spill':>5} {'smem':>6} {'CTAs/SM':>7} {'bound':<9} {'X loads':<14} {'R loads':<14} "
+          f"stores")
 
 
 def row_line(row: KernelReport) -> str:
@@ -325,12 +356,17 @@ def row_line(row: KernelReport) -> str:
     bound = "-"
     if row.min_ctas_per_sm:
         bound = f"{row.min_ctas_per_sm} {'met' if bound_met(row) else 'MISSED'}"
-    x_loads = " ".join(f"{how} {size} B" if size else how for how, size in sorted(row.x_loads))
+    def loads(pairs):
+        return " ".join(f"{how} {size} B" if size else how for how, size in sorted(pairs))
+
+    r_loads = "-"
+    if row.plan.endswith("_residual"):
+        r_loads = loads(row.r_loads) or "none"
     y_stores = " ".join(f"{size} B" for size in sorted(row.y_stores))
     return (f"{row.arch:<7} {row.dtype + '/' + row.w_dtype:<17} {row.hidden:>6} "
-            f"{token_range(row.counts):<17} {row.plan:<44} {row.registers:>4} {row.spill_bytes:>5} "
-            f"{row.shared_memory:>6} {row.ctas_per_sm:>7} {bound:<9} {x_loads or 'none':<14} "
-            f"{y_stores or 'none'}")
+            f"{token_range(row.counts):<17} {row.plan:<53} {row.registers:>4} {row.spill_bytes:>5} "
+            f"{row.shared_memory:>6} {row.ctas_per_sm:>7} {bound:<9} "
+            f"{loads(row.x_loads) or 'none':<14} {r_loads:<14} {y_stores or 'none'}")
 
 
 _WORKER_MODULE = None  # the copy under check, imported once in each worker process
@@ -343,11 +379,12 @@ def start_worker(path):
 
 
 def check_task(task) -> KernelReport:
-    """One (arch, dtype, w_dtype, hidden, plan index) in a worker, which looks the plan up itself
-    (a plan, an instance of the copy's own class, does not travel)."""
-    arch, dtype, w_dtype, hidden, index = task
+    """One (arch, dtype, w_dtype, hidden, form, plan index) in a worker, which looks the plan up
+    itself (a plan, an instance of the copy's own class, does not travel)."""
+    arch, dtype, w_dtype, hidden, residual, index = task
     module = _WORKER_MODULE
-    schedule = module.token_schedule(hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch))
+    schedule = schedule_of(module, hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch),
+                           residual)
     plan, counts = schedule[index]
     return check_plan(module, arch, dtype, w_dtype, plan, counts)
 
@@ -423,18 +460,36 @@ def selected_sizes(module, args, pairs) -> dict:
     return sizes
 
 
+def selected_forms(module, args) -> list:
+    """The forms to compile: every one the copy plans, narrowed by --forms, or UsageError."""
+    forms = module_forms(module)
+    if not args.forms:
+        return forms
+    wanted = []
+    for name in comma_list(args.forms, "--forms"):
+        if FORMS.get(name) not in forms:
+            known = ", ".join(name for name, residual in FORMS.items() if residual in forms)
+            raise UsageError(f"--forms {name} is not a form the copy plans ({known})")
+        wanted.append(FORMS[name])
+    return wanted
+
+
 def plan_tasks(module, args, arches) -> list:
-    """Every (arch, dtype, w_dtype, hidden, plan index) the arguments select, or UsageError."""
+    """Every (arch, dtype, w_dtype, hidden, form, plan index) the arguments select, or
+    UsageError."""
     pairs = selected_pairs(module, args)
     sizes = selected_sizes(module, args, pairs)
+    forms = selected_forms(module, args)
     tasks = []
     for arch in arches:
         sm90 = module.is_sm90(arch)
         for dtype, w_dtype in pairs:
             elem_bytes = module.DTYPES[dtype].bytes
             for hidden in sizes[elem_bytes]:
-                plans = len(module.token_schedule(hidden, elem_bytes, sm90))
-                tasks.extend((arch, dtype, w_dtype, hidden, index) for index in range(plans))
+                for residual in forms:
+                    plans = len(schedule_of(module, hidden, elem_bytes, sm90, residual))
+                    tasks.extend((arch, dtype, w_dtype, hidden, residual, index)
+                                 for index in range(plans))
     return tasks
 
 
@@ -452,10 +507,11 @@ def run_tasks(path: pathlib.Path, tasks: list, jobs: int) -> list:
             try:
                 row = future.result()
             except Exception as exc:  # a plan that fails to compile is a finding: go on
-                arch, dtype, w_dtype, hidden, index = task
+                arch, dtype, w_dtype, hidden, residual, index = task
+                form = "residual" if residual else "plain"
                 detail = " ".join(str(exc).split())[:300]
-                row = (f"FAILED {arch} {dtype}/{w_dtype} hidden {hidden}, plan {index} of its "
-                       f"schedule: {type(exc).__name__}: {detail}")
+                row = (f"FAILED {arch} {dtype}/{w_dtype} hidden {hidden}, {form} form, plan "
+                       f"{index} of its schedule: {type(exc).__name__}: {detail}")
             print(row_line(row) if isinstance(row, KernelReport) else row, flush=True)
             results.append(row)
     return results
@@ -469,7 +525,7 @@ def summarize(results: list, seconds: float, jobs: int) -> int:
     missed = sum(not bound_met(row) for row in rows)
     narrower = sum(narrow(row) for row in rows)
     print(f"{len(rows)} kernels compiled, {len(failed)} failed to compile; {spilled} spill, "
-          f"{missed} miss their launch bound, {narrower} have X loads or Y stores narrower than "
+          f"{missed} miss their launch bound, {narrower} have loads or stores narrower than "
           f"expected; {seconds:.0f} s wall time on {jobs} jobs")
     problems = [row for row in rows if row.spill_bytes or not bound_met(row)]
     if problems:
@@ -495,6 +551,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", help="comma-separated X dtypes (default: all of DTYPE_PAIRS)")
     parser.add_argument("--pairs", help="comma-separated X/W dtype pairs, e.g. float16/float32 "
                                         "(default: DTYPE_PAIRS)")
+    parser.add_argument("--forms", help="comma-separated forms: plain, residual (default: every "
+                                        "form the copy's token_schedule plans)")
     parser.add_argument("--arch", default=",".join(SM_LIMITS),
                         help=f"comma-separated compile targets (default {','.join(SM_LIMITS)})")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(),

@@ -1,27 +1,51 @@
 """The sample's kernel on torch CUDA tensors, on torch's current stream: its code path without TensorRT (the GPU
-tests call it)."""
+tests and the benchmark call it)."""
 
 import torch
 
 
-def rms_norm_torch(sample, x: torch.Tensor, w: torch.Tensor, epsilon: float = 1e-5, out=None) -> torch.Tensor:
-    """y = RMSNorm(x) * w over x's last axis, computed by `sample`'s compiled launcher (sample: the module).
-
-    What the launcher cannot serve is one ValueError here, before it compiles or a driver call fails."""
+def check_tensors(sample, x: torch.Tensor, w: torch.Tensor, outputs: dict):
+    """One ValueError for what the launcher cannot serve, before it compiles or a driver call fails. outputs
+    maps each other row tensor's name (out, r, s) to it: each must have x's shape and dtype."""
     if x.dim() < 1 or tuple(w.shape) != (x.shape[-1],):
         raise ValueError(f"w must be [hidden] for x [..., hidden], got x {tuple(x.shape)} and w {tuple(w.shape)}")
-    out = torch.empty_like(x) if out is None else out
-    if out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must have x's shape and dtype {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} "
-                         f"{out.dtype}")
-    if not all(t.is_cuda and t.device == x.device for t in (x, w, out)):
-        raise ValueError("x, w and out must be CUDA tensors on one device, got "
-                         + ", ".join(str(t.device) for t in (x, w, out)))
-    if not all(t.is_contiguous() and t.data_ptr() % sample.VECTOR_BYTES == 0 for t in (x, w, out)):
-        raise ValueError(f"x, w and out must be contiguous and {sample.VECTOR_BYTES}-byte aligned")
+    for name, t in outputs.items():
+        if t.shape != x.shape or t.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's shape and dtype {tuple(x.shape)} {x.dtype}, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    tensors = (x, w, *outputs.values())
+    if not all(t.is_cuda and t.device == x.device for t in tensors):
+        raise ValueError("x, w, " + ", ".join(outputs) + " must be CUDA tensors on one device, got "
+                         + ", ".join(str(t.device) for t in tensors))
+    if not all(t.is_contiguous() and t.data_ptr() % sample.VECTOR_BYTES == 0 for t in tensors):
+        raise ValueError(f"x, w, {', '.join(outputs)} must be contiguous and {sample.VECTOR_BYTES}-byte aligned")
+
+
+def launch(sample, x, w, y, epsilon, residual=()):
+    """The compiled launcher on (x, w, y) and, in the residual form, (r, s): rows of x's last axis."""
     kernel = sample.compile_rms_norm(str(x.dtype).removeprefix("torch."), x.shape[-1], epsilon,
-                                     w_dtype=str(w.dtype).removeprefix("torch."))
-    x2, y2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
-    kernel(*(sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in (x2, w, y2)), x2.shape[0],
-           sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+                                     w_dtype=str(w.dtype).removeprefix("torch."), residual=bool(residual))
+    hidden = x.shape[-1]
+    rows = [t.view(-1, hidden) for t in (x, y, *residual)]
+    x2, y2, *residual2 = (sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in rows)
+    w2 = sample.from_dlpack(w, assumed_align=sample.VECTOR_BYTES)
+    kernel(x2, w2, y2, rows[0].shape[0], sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream),
+           *residual2)
+
+
+def rms_norm_torch(sample, x: torch.Tensor, w: torch.Tensor, epsilon: float = 1e-5, out=None) -> torch.Tensor:
+    """y = RMSNorm(x) * w over x's last axis, computed by `sample`'s compiled launcher (sample: the module)."""
+    out = torch.empty_like(x) if out is None else out
+    check_tensors(sample, x, w, {"out": out})
+    launch(sample, x, w, out, epsilon)
     return out
+
+
+def add_rms_norm_torch(sample, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, epsilon: float = 1e-5,
+                       out=None, s=None):
+    """(y, s): s = x + r in x's dtype, y = RMSNorm(s) * w, both written by the residual form's one kernel."""
+    out = torch.empty_like(x) if out is None else out
+    s = torch.empty_like(x) if s is None else s
+    check_tensors(sample, x, w, {"r": r, "out": out, "s": s})
+    launch(sample, x, w, out, epsilon, (r, s))
+    return out, s

@@ -36,6 +36,11 @@ def create_from(sample, trt, fields):
     return sample.RmsNormPluginCreator().create_plugin("rms_norm", fields, trt.TensorRTPhase.BUILD)
 
 
+def field_named(fields, name):
+    (field,) = [f for f in fields if f.name == name]
+    return field
+
+
 def churn_allocator():
     """Free and reallocate lots of small numpy buffers, so a dangling pointer would read garbage."""
     gc.collect()
@@ -48,12 +53,49 @@ def churn_allocator():
 # -- the creator -------------------------------------------------------------------------
 
 
-def test_creator_advertises_one_float32_field_named_epsilon(sample_rtx, trt):
+def test_creator_advertises_a_float32_epsilon_and_an_int32_residual_defaulting_to_plain(sample_rtx, trt):
     creator = sample_rtx.RmsNormPluginCreator()
     assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
     fields = list(creator.field_names)
-    assert [f.name for f in fields] == ["epsilon"]
-    assert fields[0].type == trt.PluginFieldType.FLOAT32
+    assert [f.name for f in fields] == ["epsilon", "residual"]
+    assert [f.type for f in fields] == [trt.PluginFieldType.FLOAT32, trt.PluginFieldType.INT32]
+    assert np.asarray(fields[1].data).tolist() == [0]
+
+
+def epsilon_and_residual(trt, residual_data, residual_type="INT32"):
+    """Both fields, and the arrays they point into (kept by the caller while TensorRT reads them)."""
+    eps = np.array([1e-5], dtype=np.float32)
+    fields = trt.PluginFieldCollection([
+        trt.PluginField("epsilon", eps, trt.PluginFieldType.FLOAT32),
+        trt.PluginField("residual", residual_data, getattr(trt.PluginFieldType, residual_type))])
+    return fields, (eps, residual_data)
+
+
+@pytest.mark.parametrize("value, outputs", [(0, 1), (1, 2)])
+def test_the_residual_field_selects_the_form(sample_rtx, trt, value, outputs):
+    fields, _arrays = epsilon_and_residual(trt, np.array([value], dtype=np.int32))
+    plugin = create_from(sample_rtx, trt, fields)
+    assert (plugin.residual, plugin.num_outputs) == (bool(value), outputs)
+    assert np.asarray(field_named(plugin.get_fields_to_serialize(), "residual").data).tolist() == [value]
+
+
+def test_fields_of_an_engine_saved_before_the_residual_field_make_the_plain_form(sample_rtx, trt):
+    """An engine stores the fields it was built with: one saved by the first version holds epsilon alone."""
+    plugin = create(sample_rtx, trt, np.array([1e-5], dtype=np.float32))
+    assert (plugin.residual, plugin.num_outputs) == (False, 1)
+
+
+@pytest.mark.parametrize("data, field_type, got", [
+    (np.array([2], dtype=np.int32), "INT32", "values [2]"),
+    (np.array([0, 1], dtype=np.int32), "INT32", "values [0, 1]"),
+    (np.array([1.0], dtype=np.float32), "FLOAT32", "a PluginFieldType.FLOAT32 field"),
+])
+def test_a_residual_field_other_than_one_int32_0_or_1_is_refused(sample_rtx, trt, data, field_type, got):
+    fields, _arrays = epsilon_and_residual(trt, data, field_type)
+    with pytest.raises(ValueError) as info:
+        create_from(sample_rtx, trt, fields)
+    assert str(info.value) == ("RmsNormPlugin: field 'residual' must be one INT32 value, 0 (plain) or 1 "
+                               f"(residual), got {got}")
 
 
 @pytest.mark.parametrize("eps", [1e-5, 3.0517578e-05, 0.125, 1e-6])
@@ -135,10 +177,12 @@ def arrays_behind(owner, field) -> list:
 def test_serialized_field_points_into_an_array_the_plugin_owns(sample_rtx, trt):
     """TensorRT reads the fields after get_fields_to_serialize returns: their memory must be the plugin's."""
     plugin = create(sample_rtx, trt, np.array([3.0517578e-05], dtype=np.float32))
-    (field,) = list(plugin.get_fields_to_serialize())
-    assert field.name == "epsilon" and field.type == trt.PluginFieldType.FLOAT32
+    fields = list(plugin.get_fields_to_serialize())
+    field = field_named(fields, "epsilon")
+    assert field.type == trt.PluginFieldType.FLOAT32
     assert np.asarray(field.data).tolist() == [np.float32(3.0517578e-05)]
-    assert len(arrays_behind(plugin, field)) == 1, "the serialized field does not point into the plugin's own array"
+    for field in fields:
+        assert len(arrays_behind(plugin, field)) == 1, f"field {field.name} does not point into the plugin's array"
 
 
 def test_the_ownership_check_sees_a_field_over_a_temporary_array(sample_rtx, trt):
@@ -151,28 +195,29 @@ def test_the_ownership_check_sees_a_field_over_a_temporary_array(sample_rtx, trt
 
 def test_creator_field_names_point_into_an_array_the_creator_owns(sample_rtx, trt):
     creator = sample_rtx.RmsNormPluginCreator()
-    (field,) = list(creator.field_names)
-    assert len(arrays_behind(creator, field)) == 1
+    for field in creator.field_names:
+        assert len(arrays_behind(creator, field)) == 1
 
 
 def test_serialized_fields_survive_the_collection_that_created_the_plugin(sample_rtx, trt):
     """The creator's input collection (and its array) may be freed before TensorRT serializes."""
     plugin = create(sample_rtx, trt, np.array([0.125], dtype=np.float32))
     churn_allocator()
-    (field,) = list(plugin.get_fields_to_serialize())
+    field = field_named(plugin.get_fields_to_serialize(), "epsilon")
     assert np.asarray(field.data, dtype=np.float32).tolist() == [0.125]
 
 
-def test_clone_keeps_epsilon_and_serializes_it_on_its_own(sample_rtx, trt):
-    plugin = create(sample_rtx, trt, np.array([0.125], dtype=np.float32))
+def test_clone_keeps_epsilon_and_the_form_and_serializes_them_on_its_own(sample_rtx, trt):
+    fields, _arrays = epsilon_and_residual(trt, np.array([1], dtype=np.int32))
+    plugin = create_from(sample_rtx, trt, fields)
     twin = plugin.clone()
     del plugin
     churn_allocator()
-    assert twin.epsilon == 0.125
-    (field,) = list(twin.get_fields_to_serialize())
-    assert field.name == "epsilon"
-    assert np.asarray(field.data, dtype=np.float32).tolist() == [0.125]
-    assert len(arrays_behind(twin, field)) == 1
+    assert (twin.epsilon, twin.residual) == (np.float32(1e-5), True)
+    field = field_named(twin.get_fields_to_serialize(), "residual")
+    assert np.asarray(field.data).tolist() == [1]
+    for field in twin.get_fields_to_serialize():
+        assert len(arrays_behind(twin, field)) == 1
 
 
 # -- supports_format_combination with real descriptors ------------------------------------
@@ -223,3 +268,45 @@ def test_other_dtype_combinations_are_refused(plugin, trt, x_type, w_type, y_typ
 def test_non_linear_formats_are_refused(plugin, trt):
     descs = io_descs(trt, "HALF", "FLOAT", "HALF", fmt="CHW2")
     assert [plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [False, False, False]
+
+
+# -- the residual form's five slots: X, R, W in; Y, S out ----------------------------------
+
+
+def residual_descs(trt, types):
+    descs = []
+    for dtype, dims in zip(types, ((-1, 1024), (-1, 1024), (1024,), (-1, 1024), (-1, 1024))):
+        desc = trt.DynamicPluginTensorDesc()
+        desc.desc.type = getattr(trt.DataType, dtype)
+        desc.desc.format = trt.TensorFormat.LINEAR
+        desc.desc.dims = trt.Dims(dims)
+        descs.append(desc)
+    return descs
+
+
+@pytest.fixture()
+def residual_plugin(sample_rtx, trt):
+    fields, _arrays = epsilon_and_residual(trt, np.array([1], dtype=np.int32))
+    return create_from(sample_rtx, trt, fields)
+
+
+@pytest.mark.parametrize("io_type", ["HALF", "BF16", "FLOAT"])
+@pytest.mark.parametrize("w_type", ["FLOAT", "HALF", "BF16"])
+def test_the_residual_form_takes_r_y_and_s_of_xs_dtype_and_w_of_any(residual_plugin, trt, io_type, w_type):
+    descs = residual_descs(trt, (io_type, io_type, w_type, io_type, io_type))
+    assert [residual_plugin.supports_format_combination(pos, descs, 3) for pos in range(5)] == [True] * 5
+    types = [getattr(trt.DataType, t) for t in (io_type, io_type, w_type)]
+    assert residual_plugin.get_output_data_types(types) == [types[0], types[0]]
+
+
+@pytest.mark.parametrize("refused_pos", [1, 3, 4])
+def test_the_residual_form_refuses_r_y_or_s_of_another_dtype(residual_plugin, trt, refused_pos):
+    types = ["HALF", "HALF", "FLOAT", "HALF", "HALF"]
+    types[refused_pos] = "BF16"
+    descs = residual_descs(trt, types)
+    assert residual_plugin.supports_format_combination(refused_pos, descs, 3) is False
+
+
+def test_the_residual_form_refuses_r_of_another_dtype_at_the_network_definition(residual_plugin, trt):
+    with pytest.raises(ValueError, match="R must have X's dtype"):
+        residual_plugin.get_output_data_types([trt.DataType.HALF, trt.DataType.BF16, trt.DataType.FLOAT])

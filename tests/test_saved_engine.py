@@ -62,7 +62,18 @@ def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
     assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16",
                             "weight_dtype": "float32", "hidden": 1024,
                             "profile": [1, 128, 512], "epsilon": float(np.float32(1e-5)),
-                            "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
+                            "residual": False, "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
+
+
+def test_a_record_written_before_the_residual_form_is_a_plain_engines(saved_path):
+    """The first version's records have no "residual": their engines are the plain form and still load."""
+    old = json.load(open(saved_path + ".json"))
+    del old["residual"]
+    with open(saved_path + ".json", "w") as f:
+        json.dump(old, f)
+    assert saved.check_saved_engine(saved_path, record()) == ENGINE_BYTES
+    with pytest.raises(sample.UsageError, match="was built for residual False, not residual True"):
+        saved.check_saved_engine(saved_path, record("--residual"))
 
 
 @pytest.mark.parametrize("argv,source,shown", [
@@ -72,6 +83,7 @@ def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
     (["--hidden-dim", "4096"], "plugin", "hidden 1024, not hidden 4096"),
     (["--max-tokens", "1024"], "plugin", "profile [1, 128, 512], not profile [1, 128, 1024]"),
     (["--opt-tokens", "64"], "plugin", "profile [1, 128, 512], not profile [1, 64, 512]"),
+    (["--residual"], "plugin", "residual False, not residual True"),
     ([], "onnx", "source plugin, not source onnx"),
     ([], "aot", "source plugin, not source aot"),
 ])

@@ -1,0 +1,117 @@
+"""GPU: the residual form, s = x + r and y = RMSNorm(s) * w in one kernel, against torch's rounding of the sum
+and the float64 norm of that sum, at every plan boundary and the odd and ragged sizes the plain form is tested on.
+
+S must equal x + r rounded once to X's dtype bit for bit (torch's own fp16/bf16 add rounds the same way, see
+rms_norm_plugin_cutedsl.residual_reference); Y must be within the sample's tolerance of the float64 norm of S."""
+
+import pytest
+
+import rms_norm_plugin_cutedsl as sample
+from support.torch_kernel import add_rms_norm_torch
+from test_gpu_kernel import COMBINATIONS, HIDDEN, TOKENS
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(x, r, w, eps):
+    import torch
+
+    x = x.cuda()
+    y = torch.full_like(x, float("nan"))  # poison: an unwritten element fails the check
+    s = torch.full_like(x, float("nan"))
+    add_rms_norm_torch(sample, x, r.cuda(), w.cuda(), eps, out=y, s=s)
+    torch.cuda.synchronize()
+    return y.cpu(), s.cpu()
+
+
+def _check(tokens, hidden, dtype, w_dtype, seed, eps=1e-5, edit=None):
+    import torch
+
+    x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
+    r = sample.make_residual(tokens, hidden, dtype, seed)
+    if edit:
+        edit(x, r)
+    y, s = _run(x, r, w, eps)
+    expected_s = sample.residual_reference(x, r)
+    same = (s == expected_s) | (s.isnan() & expected_s.isnan())
+    assert bool(same.all()), f"S differs from x + r at {int((~same).sum())} elements"
+    assert not torch.equal(expected_s, x), "R must change S"
+    ok, err = sample.check_output(y.float().numpy(), expected_s.float().numpy(), w.float().numpy(), eps, dtype)
+    assert ok, f"max abs error {err:.3e}"
+    return y, s
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("tokens", TOKENS)
+def test_residual_form_matches_torch_and_numpy(tokens, hidden, dtype):
+    _check(tokens, hidden, dtype, "float32", seed=tokens * 7919 + hidden + 5)
+
+
+@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
+@pytest.mark.parametrize("hidden", [7, 100, 1000, 1028, 1030, 2560, 3072, 8192])
+@pytest.mark.parametrize("tokens", [1, 37, 512])
+def test_residual_form_every_dtype_combination(tokens, hidden, dtype, w_dtype):
+    _check(tokens, hidden, dtype, w_dtype, seed=tokens * 7919 + hidden + 23)
+
+
+@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
+                                            ("float32", "bfloat16")])
+@pytest.mark.parametrize("tokens", [1, 37, 512, 4097])
+def test_residual_form_at_the_largest_hidden(tokens, dtype, w_dtype):
+    _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens + 1)
+
+
+def test_a_sum_that_rounds_is_stored_rounded_and_normalized_as_stored():
+    """fp16 x = 1 and r = 2**-11 sum to 1 + 2**-11, a tie that rounds to even (1.0): S holds 1.0 and Y is the norm
+    of 1.0, not of the exact sum."""
+    def edit(x, r):
+        x[0] = 1.0
+        r[0] = 2.0 ** -11
+    y, s = _check(4, 1024, "float16", "float32", seed=9, edit=edit)
+    assert bool((s[0] == 1.0).all())
+
+
+def test_a_nan_or_inf_in_r_stays_in_its_row():
+    import torch
+
+    x, w = sample.make_inputs(16, 1000, "float16", 3)
+    r = sample.make_residual(16, 1000, "float16", 3)
+    r[3, 10] = float("nan")
+    r[9, 0] = float("inf")
+    y, s = _run(x, r, w, 1e-5)
+    good = [i for i in range(16) if i not in (3, 9)]
+    expected_s = sample.residual_reference(x, r)
+    assert torch.equal(s[good], expected_s[good])
+    ok, err = sample.check_output(y[good].float().numpy(), expected_s[good].float().numpy(), w.numpy(), 1e-5,
+                                  "float16")
+    assert ok, err
+    assert bool(s[3, 10].isnan()) and bool(s[9, 0].isinf())
+
+
+@pytest.mark.parametrize("hidden", [2560, 4096, 8192, 16384])
+def test_the_launcher_runs_the_residual_plan_for_the_token_count(hidden):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels_run(tokens):
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+        r = torch.randn_like(x)
+        w = torch.rand(hidden, device="cuda") + 0.5
+        add_rms_norm_torch(sample, x, r, w)  # compiles
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            add_rms_norm_torch(sample, x, r, w)
+            torch.cuda.synchronize()
+        names = [event.name for event in prof.events() if "rms_norm_kernel" in event.name]
+        if not names:
+            pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
+        return names
+
+    lo, hi = sample.MID_TOKENS, sample.row_plan(hidden, 2).mid[0]
+    counts = [1, 32, 33, sample.FEW_TOKENS, sample.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
+    sm90 = sample.is_sm90(sample.gpu_arch())
+    expected = {n: sample.plan_kernel(hidden, 2, n, sm90=sm90, residual=True) for n in counts}
+    for tokens, plan in expected.items():
+        assert str(plan).endswith("_residual")
+        assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)
