@@ -322,7 +322,8 @@ def builds(rewrites, exported, rtx_lib_dir, tmp_path_factory):
     def build(name):
         original, rewritten, replaced, _ = rewrites[name]
         profile = companion.input_profile(original, profile_args(original))
-        watched = [t for r in replaced for t in (*r.x, r.y, r.sum) if t and t not in profile]
+        watched = [t for r in replaced for t in (*r.x, r.y, r.sum)
+                   if t and t not in profile and t not in original.graph.initializers]
         path = str(exported[name].with_name("rewritten.onnx"))
         companion.save_model(rewritten, path)
         shapes = {k: [list(s) for s in v] for k, v in profile.items()}
