@@ -987,6 +987,10 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
     ctas = 1
     if sm90 and whole and n > line.mid[0]:
         ctas = line.many_ctas
+    if sm90 and residual and not whole and num_vecs > line.vecs_per_thread * MAX_CTA_THREADS:
+        # X and R in vectors under 16 bytes, more of them than one CTA's threads
+        # hold at the line's count: ptxas spills; two CTAs give twice the registers.
+        ctas = 2
     plan = split_row(
         *shape,
         line.vecs_per_thread,

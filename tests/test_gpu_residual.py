@@ -115,3 +115,15 @@ def test_the_launcher_runs_the_residual_plan_for_the_token_count(hidden):
     for tokens, plan in expected.items():
         assert str(plan).endswith("_residual")
         assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("hidden", [16386, 24578, 30002, 32766, 32767])
+@pytest.mark.parametrize("tokens", [1, 37, 512])
+def test_rows_of_narrow_vectors_over_a_cluster_of_two(tokens, hidden, dtype):
+    """Rows in vectors under 16 bytes with more of them than one CTA's threads hold at the line's count: on
+    sm_90 the residual form splits them over 2 CTAs (one CTA's registers cannot hold X and R)."""
+    plan = sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, tokens, sample.is_sm90(sample.gpu_arch()), True)
+    if sample.is_sm90(sample.gpu_arch()) and dtype == "float32":
+        assert plan.cluster_ctas == 2, plan
+    _check(tokens, hidden, dtype, "float32", seed=tokens + hidden)
