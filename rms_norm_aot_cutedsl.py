@@ -36,6 +36,7 @@ or environment error.
 
 # No `from __future__ import annotations`: tensorrt.plugin inspects the
 # annotations of the functions below as real types.
+import dataclasses
 import re
 import sys
 
@@ -67,26 +68,49 @@ OP_NAME = "rms_norm_cutedsl::rms_norm"
 AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
 
 
-def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32"):
+# TensorRT launches the AOT kernel without the attribute that opts a kernel into
+# more than 48 KB of dynamic shared memory, so a launch that asks for more
+# fails. The plain form's staged rows stay below it; the residual form stages
+# R too, and where the two no longer fit, its rows stay in registers, the
+# remedy the sample's own table_plan takes where staged rows do not fit a CTA.
+AOT_SHARED_BYTES = 48 * 1024
+
+
+def aot_plan(hidden: int, elem_bytes: int, residual: bool = False):
+    """The AOT kernel's one plan: the many-token plan without a cluster or bulk copy (every GPU from sm_80),
+    its rows in registers where staging them would take more than AOT_SHARED_BYTES."""
+    plan = sample.plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
+    if shared_memory_bytes(plan) > AOT_SHARED_BYTES:
+        # Rows in registers hold more through the reduction: fit the plan to them again.
+        plan = sample.fit_registers(dataclasses.replace(plan, arrival="registers"))
+    return plan
+
+
+def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32",
+               residual: bool = False):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
 
-    The many-token plan alone, without a cluster: an AOT implementation gives TensorRT one kernel for every
-    token count, launched with a grid and a block only.
+    One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every token count, launched
+    with a grid and a block only. residual: the fused form, PTX parameters (X, R, W, num_tokens, Y, S).
     """
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
-    ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, w_dtype=w_dtype, keep_ptx=True,
-                                  plans_by_tokens=False).__ptx__
+    plan = aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
+    # compile_launcher, not compile_rms_norm: the latter plans for itself, without the 48 KB rule above.
+    ptx = sample.compile_launcher(((plan, ((None, None),)),), dtype, w_dtype, sample.validate_epsilon(epsilon),
+                                  arch, keep_ptx=True).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, sm90=False)
+    return name, ptx, plan
 
 
 def shared_memory_bytes(plan) -> int:
     """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy (what this flavor
-    compiles): the staged rows of X (stage_rows), then one FP32 sum per warp of each row slot, in as many sets as
-    the CTA has rows in sequence, up to two (row_sum_buffers). A CPU test holds it to CuteDSL's own count."""
-    staged = plan.cta_rows * plan.hidden * plan.elem_bytes if plan.arrival != "registers" else 0
+    compiles): the staged rows (stage_rows: X, then R in the residual form, num_row_inputs of them), then one FP32
+    sum per warp of each row slot, in as many sets as the CTA has rows in sequence, up to two (row_sum_buffers).
+    A CPU test holds it to CuteDSL's own count."""
+    row_bytes = plan.cta_rows * plan.hidden * plan.elem_bytes
+    staged = row_bytes * plan.num_row_inputs if plan.arrival != "registers" else 0
     sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence) if plan.warps_per_row > 1 else 0
     return staged + sums
 
