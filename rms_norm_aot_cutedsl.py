@@ -14,7 +14,8 @@ that with the sample's CuteDSL kernel and a dynamic token count.
 What you will learn
 -------------------
 * How the kernel's parameter list is made to match TensorRT's AOT calling
-  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y).
+  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y;
+  with --residual, X, R, W, num_tokens, Y, S).
 * How to pick the PTX ISA version so the deployment driver can load it.
 * How to register a QDP op with an AOT implementation and build, run and save
   an engine that ``trtexec`` loads without this file.
@@ -52,6 +53,14 @@ except ImportError as exc:  # the sample's ImportError names the missing pip pac
 from rms_norm_plugin_cutedsl import UsageError
 
 OP_NAME = "rms_norm_cutedsl::rms_norm"
+# The residual form, a second op: (X, R, W) -> (Y, S = X + R), S rounded to X's dtype.
+FUSED_OP_NAME = "rms_norm_cutedsl::add_rms_norm"
+
+
+def op_name(residual: bool) -> str:
+    """The op of the plain or the residual form."""
+    return FUSED_OP_NAME if residual else OP_NAME
+
 
 # %% [1] The PTX TensorRT embeds ------------------------------------------------
 #
@@ -124,7 +133,7 @@ def aot_launch_dims(plan, num_tokens):
     return plan.grid(num_tokens), plan.cta_threads, shared_memory_bytes(plan)
 
 
-# %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------
+# %% [2] The QDP ops: shape/dtype inference, formats, AOT implementation ------
 #
 # Registered inside a function, so importing this file does no work and does
 # not need tensorrt. Attributes of an AOT plugin are not stored in the engine
@@ -139,13 +148,16 @@ def aot_launch_dims(plan, num_tokens):
 #
 # TensorRT passes *every* registered attribute to aot_impl, positionally and
 # in registration order, so the attributes after the tensors must be the same
-# list, in the same order, in all three functions below.
+# list, in the same order, in the three functions of each op below.
+#
+# The residual form is an op of its own, not an attribute of one op: an op's
+# inputs and outputs are fixed by the signature tensorrt.plugin reads.
 
 _REGISTERED = False
 
 
 def register_aot_op(arch: str):
-    """Register the op with tensorrt.plugin (idempotent); `arch` is the GPU the PTX is made for."""
+    """Register both ops with tensorrt.plugin (idempotent); `arch` is the GPU the PTX is made for."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -157,47 +169,80 @@ def register_aot_op(arch: str):
     import tensorrt.plugin as trtp
 
     names = {getattr(trt.DataType, row.trt): name for name, row in sample.DTYPES.items()}
+    Epsilon = npt.NDArray[np.float32]  # see above: an array attribute, not a float
+    AotResult = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
 
-    @trtp.register(OP_NAME)
-    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32]) -> trtp.TensorDesc:
-        """Y has X's shape and dtype."""
-        return x.like()
-
-    @trtp.autotune(OP_NAME)
-    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
-                         outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
-        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
-
-    @trtp.aot_impl(OP_NAME)
-    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
-                     outputs: Tuple[trtp.TensorDesc], tactic: int
-                     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
-        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+    def aot_result(op: str, x, w, epsilon, r=None) -> AotResult:
+        """What aot_impl returns at build time per dtype combination: kernel name, PTX, launch dims, extra args.
+        r: R's desc in the residual form."""
         hidden_expr = x.shape_expr[1]
         if not hidden_expr.is_constant:
-            raise ValueError(f"{OP_NAME}: the hidden dimension must be static (it is compiled into the kernel)")
+            raise ValueError(f"{op}: the hidden dimension must be static (it is compiled into the kernel)")
         # is_constant is a property but constant_value() a method (tensorrt.plugin's ShapeExpr).
-        name, ptx, plan = aot_kernel(names[x.dtype], hidden_expr.constant_value(), float(epsilon[0]), arch,
-                                     names[w.dtype])
+        hidden = hidden_expr.constant_value()
+        if r is not None:  # the kernel reads R with X's row layout
+            r_hidden = r.shape_expr[len(r.shape_expr) - 1]
+            if len(r.shape_expr) != 2 or not r_hidden.is_constant or r_hidden.constant_value() != hidden:
+                raise ValueError(f"{op}: R must have X's shape [num_tokens, {hidden}]")
+        name, ptx, plan = aot_kernel(names[x.dtype], hidden, float(epsilon[0]), arch, names[w.dtype],
+                                     residual=r is not None)
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = grid
         launch.block_x = int(block)
         launch.shared_mem = int(smem)
-        # The kernel's parameters are (X, W, num_tokens, Y): TensorRT passes the
-        # input pointers, then these extra arguments, then the output pointers.
+        # The kernel's parameters are (X, W, num_tokens, Y), or (X, R, W, num_tokens, Y, S):
+        # TensorRT passes the input pointers, then these extra arguments, then the output pointers.
         extra = trtp.SymIntExprs(1)
         extra[0] = trtp.SymInt32(num_tokens)
         return name, ptx, launch, extra
+
+    @trtp.register(OP_NAME)
+    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon) -> trtp.TensorDesc:
+        """Y has X's shape and dtype."""
+        return x.like()
+
+    @trtp.autotune(OP_NAME)
+    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                         outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
+        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
+
+    @trtp.aot_impl(OP_NAME)
+    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                     outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+        return aot_result(OP_NAME, x, w, epsilon)
+
+    @trtp.register(FUSED_OP_NAME)
+    def add_rms_norm_desc(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                          epsilon: Epsilon) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:
+        """Y and S have X's shape and dtype."""
+        return x.like(), x.like()
+
+    @trtp.autotune(FUSED_OP_NAME)
+    def add_rms_norm_formats(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                             outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        """X, R, Y and S of one dtype, fp16, bf16 or fp32, times any W, as the plain op; linear."""
+        rows = "FP16|BF16|FP32"
+        return [trtp.AutoTuneCombination(f"{rows}, {rows}, FP32*FP16*BF16, {rows}, {rows}", "LINEAR")]
+
+    @trtp.aot_impl(FUSED_OP_NAME)
+    def add_rms_norm_aot(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                         outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+        """As rms_norm_aot, for the residual form's kernel."""
+        return aot_result(FUSED_OP_NAME, x, w, epsilon, r)
 
     _REGISTERED = True
 
 
 def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                     w_dtype: str = "float32"):
-    """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself."""
+                     w_dtype: str = "float32", residual: bool = False):
+    """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself.
+
+    Its tensors are named as the sample's (io_names): X, W -> Y, or with `residual` X, R, W -> Y, S.
+    """
     import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
@@ -208,15 +253,20 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
-    x = network.add_input("X", getattr(trt.DataType, sample.DTYPES[dtype].trt), (-1, hidden))
-    w = network.add_input("W", getattr(trt.DataType, sample.DTYPES[w_dtype].trt), (hidden,))
-    op = trtp.op.rms_norm_cutedsl.rms_norm
+    input_names, output_names = sample.io_names(residual)
+    x_type = getattr(trt.DataType, sample.DTYPES[dtype].trt)
+    w_type = getattr(trt.DataType, sample.DTYPES[w_dtype].trt)
+    inputs = [network.add_input(name, w_type, (hidden,)) if name == "W"
+              else network.add_input(name, x_type, (-1, hidden)) for name in input_names]
+    op = trtp.op.rms_norm_cutedsl.add_rms_norm if residual else trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
-    y = network.add_plugin(op(x, w, epsilon=eps), aot=True).get_output(0)
-    y.name = "Y"
-    network.mark_output(y)
-    return sample.build_from_network((builder, network), {"X": tuple((n, hidden) for n in (min_tokens, opt_tokens,
-                                                                                         max_tokens))})
+    layer = network.add_plugin(op(*inputs, epsilon=eps), aot=True)
+    for i, name in enumerate(output_names):
+        output = layer.get_output(i)
+        output.name = name
+        network.mark_output(output)
+    rows = tuple((n, hidden) for n in (min_tokens, opt_tokens, max_tokens))
+    return sample.build_from_network((builder, network), {name: rows for name in input_names if name != "W"})
 
 
 def check_aot_support():
