@@ -30,6 +30,8 @@ How to run it (TensorRT >= 10.9, SM80+ GPU)
 -------------------------------------------
     python3 rms_norm_aot_cutedsl.py --engine rms_norm_aot.engine
     trtexec --loadEngine=rms_norm_aot.engine --shapes=X:128x1024
+    python3 rms_norm_aot_cutedsl.py --residual --engine add_rms_norm_aot.engine
+    trtexec --loadEngine=add_rms_norm_aot.engine --shapes=X:128x1024,R:128x1024
 
 Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage
 or environment error.
@@ -285,6 +287,14 @@ def check_aot_support():
 # %% [3] Command line -----------------------------------------------------------
 
 
+def trtexec_command(args) -> str:
+    """The trtexec line that runs the saved engine at --num-tokens: trtexec needs the shape of every
+    dynamic input, X and, in the residual form, R."""
+    rows = [name for name in sample.io_names(args.residual)[0] if name != "W"]
+    shapes = ",".join(f"{name}:{args.num_tokens}x{args.hidden_dim}" for name in rows)
+    return f"trtexec --loadEngine={args.engine} --shapes={shapes}"
+
+
 def main(argv=None) -> int:
     """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
@@ -294,17 +304,17 @@ def main(argv=None) -> int:
     args = sample.validate_args(parser, parser.parse_args(argv))
     if args.from_onnx:
         parser.error("--from-onnx builds the Python plugin's engine; this flavor builds its own AOT op")
-    plan = sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, sm90=False)
+    plan = aot_plan(args.hidden_dim, sample.DTYPES[args.dtype].bytes, args.residual)
     if args.plans:
         print(f"every token count: {plan.describe()}")
         return sample.EXIT_CORRECT
-    record = saved.engine_record(args, "aot", OP_NAME)
+    record = saved.engine_record(args, "aot", op_name(args.residual))
     data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
         with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
             return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                                    args.epsilon, args.weight_dtype)
+                                    args.epsilon, args.weight_dtype, args.residual)
 
     def make_engine(args):
         check_aot_support()
@@ -312,7 +322,7 @@ def main(argv=None) -> int:
         if args.engine is None:
             return build(args)
         engine = saved.load_or_build(args, record, build, data)
-        print(f"Run it without Python: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
+        print(f"Run it without Python: {trtexec_command(args)}")
         return engine
 
     return sample.run(args, make_engine)
