@@ -6,7 +6,8 @@ What you will learn
 -------------------
 * [2] A memory-bound CuteDSL kernel in five steps, one ``@cute.jit`` helper
   each: every byte of X read once in 128-bit vectors, sums in FP32, one
-  cast on store. [3] adds the layers that make it fast at every shape.
+  cast on store. Its residual form fuses a decoder's Add: s = x + r, stored,
+  then normalized. [3] adds the layers that make it fast at every shape.
 * [4] How a plan follows from what the kernel holds in registers, and one
   table of timed choices; ``--plans`` prints which kernel runs where.
 * [5] A ``@cute.jit`` launcher compiled before the first inference, with the
@@ -141,6 +142,8 @@ def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 # it. N rows of H elements: X and Y move N*H*x bytes each, W H*w (x, w:
 # bytes per element). The floor is a copy of X into Y, so the kernel reads
 # each element of X from DRAM once: a row stays on chip until it is stored.
+# The residual form also reads R and writes S = X + R, each once: a decoder
+# layer's Add costs no pass of its own.
 #
 # Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32
 # values; fewer where H is not a multiple), W alike. The T threads of a row
@@ -149,7 +152,8 @@ def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 #
 #   vector:  0   1  ...  T-1 | T  T+1 ... 2T-1 | ...
 #   thread:  t0  t1 ...  tT-1| t0 t1  ... tT-1 | ...
-#            X and W into registers            Step 1  load_row
+#            X (and R) and W into registers     Step 1  load_row
+#            s = x + r stored, kept as x        (residual form: add_residual)
 #            x^2 summed per thread, FP32        Step 2  sum_of_squares
 #            warp shuffle, then [w0][w1].. smem Step 3  row_sum
 #            rstd = rsqrt(sum / H + epsilon)    Step 4  inverse_rms

@@ -192,10 +192,16 @@ def access_bytes(opcode: str) -> int:
 
 
 def global_accesses(ptx: str, x_param: int = 0):
-    """(X loads, Y stores) of a PTX module: the (how, bytes) of each global load whose address
-    derives from parameter x_param ("ld"; "cp.async" with its copy size; "bulk" with 0, a row copied
-    whole), and the bytes of each global store. An address is traced back through the registers it
-    is computed from."""
+    """(X loads, Y stores) of a PTX module as sets: global_access_list's kinds, each once."""
+    loads, stores = global_access_list(ptx, x_param)
+    return frozenset(loads), frozenset(stores)
+
+
+def global_access_list(ptx: str, x_param: int = 0):
+    """(X loads, stores) of a PTX module, one item per instruction: the (how, bytes) of each global
+    load whose address derives from parameter x_param ("ld"; "cp.async" with its copy size; "bulk"
+    with 0, a row copied whole), and the bytes of each global store. An address is traced back
+    through the registers it is computed from."""
     instructions = []
     for line in ptx.splitlines():
         match = re.match(r"\s*(?:@!?%\w+\s+)?([a-z][\w.:]*)\s+([^;]*);", line)
@@ -224,19 +230,19 @@ def global_accesses(ptx: str, x_param: int = 0):
         register = re.match(r"\[\s*(%\w+)", address)
         return register is not None and x_param in origins[register[1]]
 
-    x_loads = set()
-    y_stores = set()
+    x_loads = []
+    y_stores = []
     for opcode, operands in instructions:
         global_copy = opcode.startswith("cp.async.") and ".global" in opcode
         if opcode.startswith("ld.global") and from_x(operands[-1]):
-            x_loads.add(("ld", access_bytes(opcode)))
+            x_loads.append(("ld", access_bytes(opcode)))
         elif global_copy and opcode.startswith("cp.async.bulk.") and from_x(operands[1]):
-            x_loads.add(("bulk", 0))
+            x_loads.append(("bulk", 0))
         elif global_copy and from_x(operands[1]):
-            x_loads.add(("cp.async", int(operands[2])))
+            x_loads.append(("cp.async", int(operands[2])))
         elif opcode.startswith("st.global"):
-            y_stores.add(access_bytes(opcode))
-    return frozenset(x_loads), frozenset(y_stores)
+            y_stores.append(access_bytes(opcode))
+    return x_loads, y_stores
 
 
 def check_plan(module, arch: str, dtype: str, w_dtype: str, plan, counts) -> KernelReport:

@@ -33,6 +33,10 @@ Spec keys (all optional):
     epsilon_type     ONNX attribute type: "float" (default), "floats" (a list), "int", "float16_tensor" (a
                      one-element FLOAT16 tensor, which the parser hands over as a FLOAT16 field)
     profile          [min, opt, max] token counts for X (default [1, 128, 512])
+    residual         true: the fused form, inputs X, R, W and outputs Y, S (the node's 'residual' attribute 1;
+                     for "sample_onnx", onnx_network's residual=True)
+    r_dtype          R's dtype in the residual form (default: X's)
+    r_hidden         R's last dimension in the residual form (default: X's)
     model_path       for source "model": an ONNX file (plugin nodes are found through the registry), parsed
                      by path as rms_norm_onnx_model.build_engine does, so external data is read beside it
     shapes           for source "model": {input name: [min shape, opt shape, max shape]}
@@ -75,6 +79,7 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 DEFAULTS = dict(
     dtype="float16", w_dtype="float32", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
     profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None, watched=[],
+    residual=False, r_dtype=None, r_hidden=None,
 )
 
 
@@ -111,7 +116,7 @@ def stored_epsilons(engine: bytes) -> list:
 
 
 def write_onnx(path: str, spec: dict) -> None:
-    """One RmsNormPlugin node: X (graph input) and W (initializer) -> Y."""
+    """One RmsNormPlugin node: X (graph input) and W (initializer) -> Y; or X, R, W -> Y, S (residual)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -134,8 +139,15 @@ def write_onnx(path: str, spec: dict) -> None:
         attrs["epsilon"] = {"float": eps, "floats": [eps, eps], "int": int(eps) if math.isfinite(eps) else 1,
                             "float16_tensor": helper.make_tensor("epsilon", TensorProto.FLOAT16, [1], [eps])}[
             spec["epsilon_type"]]
-    node = helper.make_node("RmsNormPlugin", ["X", "W"], ["Y"], name="rms_norm", **attrs)
-    graph = helper.make_graph([node], "rms_norm", [x], [y], initializer=[w])
+    inputs, outputs = [x], [y]
+    if spec["residual"]:
+        attrs["residual"] = 1
+        r_shape = x_shape[:-1] + [spec["r_hidden"] or hidden]
+        inputs.append(helper.make_tensor_value_info("R", elem[spec["r_dtype"] or spec["dtype"]], r_shape))
+        outputs.append(helper.make_tensor_value_info("S", elem[spec["dtype"]], x_shape))
+    names = (["X", "R", "W"], ["Y", "S"]) if spec["residual"] else (["X", "W"], ["Y"])
+    node = helper.make_node("RmsNormPlugin", *names, name="rms_norm", **attrs)
+    graph = helper.make_graph([node], "rms_norm", inputs, outputs, initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -219,7 +231,7 @@ def build(spec: dict) -> dict:
         polygraphy.backend.trt.network_from_onnx_bytes = parse_with_rtx(trt, logger, result)
         try:
             builder, network, parser = sample.onnx_network(spec["x_hidden"], spec["dtype"], spec["epsilon"],
-                                                           spec["w_dtype"])
+                                                           spec["w_dtype"], spec["residual"])
         except sample.TensorRTError as exc:
             result["stage_error"] = str(exc)
             return result
@@ -276,6 +288,9 @@ def build(spec: dict) -> dict:
         middle = [2] * (spec["x_rank"] - 2)
         hidden = spec["w_hidden"] if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
         profile.set_shape("X", [lo, *middle, hidden], [opt, *middle, hidden], [hi, *middle, hidden])
+        if spec["residual"]:
+            r_hidden = spec["r_hidden"] or hidden
+            profile.set_shape("R", [lo, *middle, r_hidden], [opt, *middle, r_hidden], [hi, *middle, r_hidden])
     config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     if blob is None:

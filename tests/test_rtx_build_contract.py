@@ -73,6 +73,13 @@ BUILDS = {
     "builtin_fp16": dict(source="companion_one_node", dtype="float16"),
     "builtin_bf16": dict(source="companion_one_node", dtype="bfloat16"),
     "builtin_fp32_w_fp16": dict(source="companion_one_node", dtype="float32", w_dtype="float16"),
+    # the residual form: X, R, W in, Y, S out
+    **{f"residual_x_{x}_w_{w}": dict(residual=True, dtype=x, w_dtype=w, epsilon=SMALL_EPS)
+       for x, w in [("float16", "float32"), ("bfloat16", "bfloat16"), ("float32", "float16")]},
+    "residual_odd_profile": dict(residual=True, profile=[3, 37, 511]),
+    "residual_r_of_another_dtype": dict(residual=True, dtype="float16", r_dtype="bfloat16"),
+    "residual_r_of_another_hidden": dict(residual=True, r_hidden=512),
+    "residual_sample_onnx": dict(source="sample_onnx", residual=True, dtype="bfloat16", epsilon=ROUND_EPS),
 }
 
 
@@ -252,3 +259,50 @@ def test_x_of_rank_3_builds_and_the_plugin_sees_every_dimension(builds):
     assert build["build_ok"], build.messages()
     x, _ = build.configure_inputs()
     assert x == ((1, 2, HIDDEN), (128, 2, HIDDEN), (512, 2, HIDDEN))
+
+
+# -- the residual form ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [name for name in BUILDS if name.startswith("residual_x_")])
+def test_the_residual_form_builds_with_r_y_and_s_of_xs_dtype(builds, name):
+    spec = BUILDS[name]
+    build = builds[name]
+    assert build["parse_ok"], build.messages()
+    assert build["build_ok"], build.messages()
+    assert build["epsilon_records"] == [float(np.float32(SMALL_EPS))]
+    x, r, w = build.configure_inputs()
+    assert x == r == ((1, HIDDEN), (128, HIDDEN), (512, HIDDEN))
+    assert w == ((HIDDEN,),) * 3
+    call = build["configure_plugin"][-1]
+    x_type = TRT_TYPE[spec["dtype"]]
+    assert [i["type"] for i in call["inputs"]] == [x_type, x_type, TRT_TYPE[spec["w_dtype"]]]
+    assert [o["type"] for o in call["outputs"]] == [x_type, x_type]
+    assert build["outputs"] == [["Y", x_type], ["S", x_type]]
+
+
+def test_the_residual_forms_profile_reaches_both_row_inputs(builds):
+    build = builds["residual_odd_profile"]
+    assert build["build_ok"], build.messages()
+    x, r, _ = build.configure_inputs()
+    assert x == r == ((3, HIDDEN), (37, HIDDEN), (511, HIDDEN))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("residual_r_of_another_dtype", "R must have X's dtype DataType.HALF, got DataType.BF16"),
+    ("residual_r_of_another_hidden", "expects X [..., hidden] of rank 2 or more, R of its shape and W [hidden]"),
+])
+def test_an_r_unlike_x_is_refused_with_the_plugins_message(builds, name, message):
+    build = builds[name]
+    assert not (build["parse_ok"] and build["build_ok"])
+    assert message in build.messages()
+
+
+def test_the_samples_residual_onnx_model_reaches_the_fused_plugin_through_the_parser(builds):
+    """What --from-onnx --residual parses: the node's residual attribute becomes the plugin's INT32 field."""
+    build = builds["residual_sample_onnx"]
+    assert build["parse_ok"], build.messages()
+    assert build["build_ok"], build.messages()
+    assert build["strongly_typed"]
+    assert [name for name, _ in build["outputs"]] == ["Y", "S"]
+    assert len(build["configure_plugin"][-1]["inputs"]) == 3

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The residual form's candidate plans for the mid token counts, timed against the mid plan, fp16, sm_90.
+
+The decoder table (bench_decoder.py) found the residual form behind at 512 tokens. This times, at 512 and
+1024 tokens, the mid plan (two staged rows of X and R per CTA, in turn, as table_plan builds it) against one other
+candidate, each plan compiled alone through compile_launcher and timed by CUDA-graph replay over 8 sets of
+buffers (inputs not in L2, as in bench_decoder.py), in interleaved rounds:
+
+    mid_one_row   the mid plan with one row per CTA and the line's launch bound of 2 CTAs/SM
+    many          the many-token plan (what the table runs above the mid counts)
+    few           the few-token plan (what it runs up to FEW_TOKENS)
+    mid_no_bound  the mid plan without its launch bound
+    cluster_2     the row over a cluster of 2 CTAs, W first
+
+One candidate per process: a plan that faults on the GPU takes only its own run down.
+
+    python3 benchmarks/experiments/residual_plans.py CANDIDATE HIDDEN[,HIDDEN...]
+"""
+
+import dataclasses
+import itertools
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import torch  # noqa: E402
+
+import rms_norm_plugin_cutedsl as sample  # noqa: E402
+from bench_records import interleaved_rounds, median_ratio  # noqa: E402
+from bench_rms_norm import graph_timer  # noqa: E402
+
+TOKENS = (512, 1024)
+SETS = 8
+
+
+def candidates(hidden, tokens):
+    """{name: plan} for fp16 rows on sm_90, the residual form."""
+    line = sample.row_plan(hidden, 2)
+    # The mid plan as table_plan builds it (two staged rows in turn), whether or not the table runs it.
+    arrival = "bulk" if hidden * 2 > sample.BULK_ROW_BYTES else "cp.async"
+    mid = sample.fit_registers(sample.split_row(
+        hidden, 2, line.mid[1], line, arrival=arrival, rows_in_sequence=sample.ROWS_IN_SEQUENCE,
+        residual=True))
+    return {
+        "mid": mid,
+        "mid_one_row": sample.fit_registers(
+            dataclasses.replace(mid, rows_in_sequence=1, min_ctas_per_sm=2)),
+        "many": sample.plan_kernel(hidden, 2, None, True, True),
+        "few": sample.plan_kernel(hidden, 2, sample.FEW_TOKENS, True, True),
+        "mid_no_bound": dataclasses.replace(mid, min_ctas_per_sm=0),
+        "cluster_2": sample.fit_registers(
+            sample.split_row(hidden, 2, 4, line, ctas=2, residual=True, early_weight=True)),
+    }
+
+
+def timer(plan, tokens, hidden):
+    """A graph timer of one plan's launcher cycling through SETS sets of buffers."""
+    schedule = ((plan, ((None, None),)),)
+    kernel = sample.compile_launcher(schedule, "float16", "float32", sample.DEFAULT_EPSILON, "sm_90a")
+    w = torch.rand(hidden, device="cuda") + 0.5
+    calls, keep = [], [w]
+    for _ in range(SETS):
+        x, r = (torch.randn(tokens, hidden, device="cuda", dtype=torch.float16) for _ in range(2))
+        y, s = torch.empty_like(x), torch.empty_like(x)
+        keep.append((x, r, y, s))
+        fx, fw, fy, fr, fs = (sample.from_dlpack(t, assumed_align=16) for t in (x, w, y, r, s))
+
+        def call(fx=fx, fw=fw, fy=fy, fr=fr, fs=fs):
+            stream = sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+            kernel(fx, fw, fy, tokens, stream, fr, fs)
+
+        calls.append(call)
+    turn = itertools.cycle(calls)
+    return graph_timer(lambda: next(turn)(), tokens, hidden), keep
+
+
+def main():
+    name, hiddens = sys.argv[1], [int(h) for h in sys.argv[2].split(",")]
+    for hidden in hiddens:
+        for tokens in TOKENS:
+            plans = candidates(hidden, tokens)
+            timers, keep = {}, []
+            for label in ("mid", name):
+                timers[label], buffers = timer(plans[label], tokens, hidden)
+                keep.append(buffers)
+            times = interleaved_rounds(timers, 5)
+            ratio = median_ratio(times[name], times["mid"])
+            print(f"{tokens}x{hidden} {name} {plans[name]}: {statistics.median(times[name]):.2f} us, "
+                  f"mid {plans['mid']}: {statistics.median(times['mid']):.2f} us, ratio {ratio:.3f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
