@@ -88,8 +88,8 @@ AOT_SHARED_BYTES = 48 * 1024
 
 
 def aot_plan(hidden: int, elem_bytes: int, residual: bool = False):
-    """The AOT kernel's one plan: the many-token plan without a cluster or bulk copy (every GPU from sm_80),
-    its rows in registers where staging them would take more than AOT_SHARED_BYTES."""
+    """The AOT kernel's one plan: the many-token plan without a cluster or bulk copy (every
+    GPU from sm_80), its rows in registers where staging them would pass AOT_SHARED_BYTES."""
     plan = sample.plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
     if shared_memory_bytes(plan) > AOT_SHARED_BYTES:
         # Rows in registers hold more through the reduction: fit the plan to them again.
@@ -101,15 +101,17 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
                residual: bool = False):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
 
-    One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every token count, launched
-    with a grid and a block only. residual: the fused form, PTX parameters (X, R, W, num_tokens, Y, S).
+    One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every
+    token count, launched with a grid and a block only. residual: the fused form, PTX
+    parameters (X, R, W, num_tokens, Y, S).
     """
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     plan = aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
-    # compile_launcher, not compile_rms_norm: the latter plans for itself, without the 48 KB rule above.
-    ptx = sample.compile_launcher(((plan, ((None, None),)),), dtype, w_dtype, sample.validate_epsilon(epsilon),
-                                  arch, keep_ptx=True).__ptx__
+    # compile_launcher, not compile_rms_norm: the latter plans without the 48 KB rule above.
+    schedule = ((plan, ((None, None),)),)
+    epsilon = sample.validate_epsilon(epsilon)
+    ptx = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
     return name, ptx, plan
@@ -159,7 +161,7 @@ _REGISTERED = False
 
 
 def register_aot_op(arch: str):
-    """Register both ops with tensorrt.plugin (idempotent); `arch` is the GPU the PTX is made for."""
+    """Register both ops with tensorrt.plugin (idempotent); `arch`: the GPU the PTX is made for."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -175,19 +177,21 @@ def register_aot_op(arch: str):
     AotResult = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
 
     def aot_result(op: str, x, w, epsilon, r=None) -> AotResult:
-        """What aot_impl returns at build time per dtype combination: kernel name, PTX, launch dims, extra args.
-        r: R's desc in the residual form."""
+        """What aot_impl returns at build time per dtype combination: kernel name, PTX,
+        launch dims, extra args. r: R's desc in the residual form."""
         hidden_expr = x.shape_expr[1]
         if not hidden_expr.is_constant:
-            raise ValueError(f"{op}: the hidden dimension must be static (it is compiled into the kernel)")
+            raise ValueError(f"{op}: the hidden dimension must be static "
+                             "(it is compiled into the kernel)")
         # is_constant is a property but constant_value() a method (tensorrt.plugin's ShapeExpr).
         hidden = hidden_expr.constant_value()
         if r is not None:  # the kernel reads R with X's row layout
             r_hidden = r.shape_expr[len(r.shape_expr) - 1]
-            if len(r.shape_expr) != 2 or not r_hidden.is_constant or r_hidden.constant_value() != hidden:
+            same = r_hidden.is_constant and r_hidden.constant_value() == hidden
+            if len(r.shape_expr) != 2 or not same:
                 raise ValueError(f"{op}: R must have X's shape [num_tokens, {hidden}]")
-        name, ptx, plan = aot_kernel(names[x.dtype], hidden, float(epsilon[0]), arch, names[w.dtype],
-                                     residual=r is not None)
+        name, ptx, plan = aot_kernel(names[x.dtype], hidden, float(epsilon[0]), arch,
+                                     names[w.dtype], residual=r is not None)
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
@@ -224,15 +228,18 @@ def register_aot_op(arch: str):
         return x.like(), x.like()
 
     @trtp.autotune(FUSED_OP_NAME)
-    def add_rms_norm_formats(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
-                             outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
+    def add_rms_norm_formats(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                             epsilon: Epsilon, outputs: Tuple[trtp.TensorDesc]
+                             ) -> List[trtp.AutoTuneCombination]:
         """X, R, Y and S of one dtype, fp16, bf16 or fp32, times any W, as the plain op; linear."""
         rows = "FP16|BF16|FP32"
-        return [trtp.AutoTuneCombination(f"{rows}, {rows}, FP32*FP16*BF16, {rows}, {rows}", "LINEAR")]
+        io_types = f"{rows}, {rows}, FP32*FP16*BF16, {rows}, {rows}"
+        return [trtp.AutoTuneCombination(io_types, "LINEAR")]
 
     @trtp.aot_impl(FUSED_OP_NAME)
-    def add_rms_norm_aot(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
-                         outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+    def add_rms_norm_aot(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                         epsilon: Epsilon, outputs: Tuple[trtp.TensorDesc], tactic: int
+                         ) -> AotResult:
         """As rms_norm_aot, for the residual form's kernel."""
         return aot_result(FUSED_OP_NAME, x, w, epsilon, r)
 
@@ -268,7 +275,8 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
         output.name = name
         network.mark_output(output)
     rows = tuple((n, hidden) for n in (min_tokens, opt_tokens, max_tokens))
-    return sample.build_from_network((builder, network), {name: rows for name in input_names if name != "W"})
+    shapes = {name: rows for name in input_names if name != "W"}
+    return sample.build_from_network((builder, network), shapes)
 
 
 def check_aot_support():
