@@ -92,8 +92,8 @@ def test_the_plans_follow_what_the_copy_holds(layer_norm, sample_standin, hidden
 
 
 def test_the_check_command_passes_the_copy(copy_path):
-    """The README's one command on the copy: every plan of every row class, every dtype pair,
-    sm_80 and sm_90a, no spill and every launch bound met (exit 0)."""
+    """The README's one command on the copy: every plan of both forms of every row class, every
+    dtype pair, sm_80 and sm_90a, no spill and every launch bound met (exit 0)."""
     command = [sys.executable, str(ROOT / "support" / "check_kernel.py"), str(copy_path),
                "--all-sizes"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)

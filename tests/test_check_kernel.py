@@ -9,6 +9,7 @@ under a minute together.
 """
 
 import dataclasses
+import itertools
 import shutil
 import subprocess
 import sys
@@ -73,15 +74,16 @@ def bounded_tag(hidden, elem_bytes, bound):
 
 
 def test_a_few_sizes_of_the_sample_compile_on_both_archs_without_spills():
-    """Every plan at hidden 1024 and 12288, fp16 and fp32 X with fp32 W, on sm_80 and sm_90a: no
-    spill, no bound missed, and the accesses the plans are built for: X in 16-byte loads, 16-byte
-    cp.async copies or bulk copies, Y in 16-byte stores."""
+    """Every plan of both forms at hidden 1024 and 12288, fp16 and fp32 X with fp32 W, on sm_80 and
+    sm_90a: no spill, no bound missed, and the accesses the plans are built for: X (and R) in 16-byte
+    loads, 16-byte cp.async copies or bulk copies, Y (and S) in 16-byte stores."""
     code, out, err = run_tool("--hidden", "1024,12288",
                               "--pairs", "float16/float32,float32/float32")
     assert code == 0, out + err
     rows = plan_rows(out)
-    expected = sum(len(sample.token_schedule(hidden, elem_bytes, sm90)) for hidden in (1024, 12288)
-                   for elem_bytes in (2, 4) for sm90 in (False, True))
+    expected = sum(len(sample.token_schedule(hidden, elem_bytes, sm90, residual))
+                   for hidden in (1024, 12288) for elem_bytes in (2, 4) for sm90 in (False, True)
+                   for residual in (False, True))
     assert len(rows) == expected, out
     assert out.splitlines()[-1].startswith(f"{expected} kernels compiled, 0 failed to compile; "
                                            "0 spill, 0 miss their launch bound, 0 have"), out
@@ -89,6 +91,11 @@ def test_a_few_sizes_of_the_sample_compile_on_both_archs_without_spills():
                          if row[:3] == ["sm_90a", "float16/float32", "12288"])
     assert all(access in fp16_sm90 for access in ("ld 16 B", "cp.async 16 B", "bulk")), out
     assert all(row[-2:] == ["16", "B"] for row in rows), out
+    residual = [row for row in rows if row[4].endswith("_residual")]
+    assert len(residual) == expected // 2, out
+    for row in residual:  # after the plan's tag: X's loads and R's, of one kind and 16 bytes each
+        after = " ".join(row[5:])
+        assert after.count("ld 16 B") + after.count("cp.async 16 B") + after.count("bulk") == 2, row
 
 
 def test_a_copy_that_spills_exits_1_and_names_the_plan(tmp_path):
@@ -127,10 +134,11 @@ def compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=False):
         raise ValueError("this copy has no sm_80 kernel")
     return _own_compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx)
 """)
-    code, out, err = run_tool(copy, "--hidden", "1024", "--pairs", "float16/float32")
+    code, out, err = run_tool(copy, "--hidden", "1024", "--pairs", "float16/float32", "--forms",
+                              "plain")
     assert code == EXIT_FOUND, out + err
-    assert ("FAILED sm_80 float16/float32 hidden 1024, plan 0 of its schedule: ValueError: this "
-            "copy has no sm_80 kernel") in out, out
+    assert ("FAILED sm_80 float16/float32 hidden 1024, plain form, plan 0 of its schedule: "
+            "ValueError: this copy has no sm_80 kernel") in out, out
     assert [row[:3] for row in plan_rows(out)] == [["sm_90a", "float16/float32", "1024"]], out
     assert "1 kernels compiled, 1 failed to compile; 0 spill" in out, out
 
@@ -149,6 +157,7 @@ def test_a_file_without_compile_launcher_exits_2_in_one_sentence(tmp_path):
     (["--pairs", "float16/int8"], "--pairs float16/int8 is not a pair"),
     (["--hidden", "0"], "--hidden takes sizes in [1, 32768]"),
     (["--hidden", "1024", "--all-sizes"], "not allowed with argument"),
+    (["--forms", "fused"], "--forms fused is not a form the copy plans (plain, residual)"),
     (["--jobs", "0"], "--jobs must be at least 1"),
 ])
 def test_a_usage_error_exits_2_in_one_sentence(args, needle):
@@ -220,8 +229,9 @@ def test_all_sizes_cover_every_row_class_and_every_plan_kind_in_it(elem_bytes):
     for fewest, most in sample.row_classes(elem_bytes):
         chosen = [hidden for hidden in sizes if fewest <= hidden <= most]
         assert chosen, (fewest, most)
-        for sm90 in (False, True):
-            plans = {hidden: [plan for plan, _ in sample.token_schedule(hidden, elem_bytes, sm90)]
+        for sm90, residual in itertools.product((False, True), (False, True)):
+            plans = {hidden: [plan for plan, _ in
+                              sample.token_schedule(hidden, elem_bytes, sm90, residual)]
                      for hidden in range(fewest, most + 1)}
             everywhere = [plan for hidden_plans in plans.values() for plan in hidden_plans]
             selected = [plan for hidden in chosen for plan in plans[hidden]]
@@ -231,9 +241,9 @@ def test_all_sizes_cover_every_row_class_and_every_plan_kind_in_it(elem_bytes):
 
 
 def test_the_sample_does_not_spill_at_any_size():
-    """CI's spill check: `check_kernel.py --all-sizes` on the sample, every plan of every row-length
-    class for all nine dtype pairs on sm_80 and sm_90a (1884 kernels). Expensive: about 3 minutes
-    on CI's 2 cores (370 CPU-seconds). No kernel may spill or miss its launch bound."""
+    """CI's spill check: `check_kernel.py --all-sizes` on the sample, every plan of both forms of
+    every row-length class for all nine dtype pairs on sm_80 and sm_90a. Expensive: about 6 minutes
+    on CI's 2 idle cores. No kernel may spill or miss its launch bound."""
     code, out, err = run_tool("--all-sizes")
     assert not err, err
     assert problem_rows(out) == {}, out

@@ -363,3 +363,41 @@ def test_epsilon_limits_are_float32s(epsilon, accepted):
         with pytest.raises(SystemExit) as info:
             sample.validate_args(parser, args)
         assert info.value.code == EXIT_USAGE
+
+
+class RecordingContext(ContextDouble):
+    """ContextDouble that records which tensors run_and_check binds and which input shapes it sets."""
+
+    def __init__(self):
+        self.bound, self.shapes = [], {}
+
+    def set_input_shape(self, name, shape):
+        self.shapes[name] = shape
+        return True
+
+    def set_tensor_address(self, name, address):
+        self.bound.append(name)
+        return True
+
+
+def test_a_residual_run_binds_r_and_s_and_gives_r_the_shape_of_x(monkeypatch):
+    import torch
+
+    import rms_norm_plugin_cutedsl as sample
+
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self: self)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: argparse.Namespace(cuda_stream=0, synchronize=lambda: None))
+    context = RecordingContext()
+    engine = argparse.Namespace(create_execution_context=lambda: context)
+    assert sample.run_and_check(engine, [37], 8, "float16", 1e-5, 0, residual=True) is False  # S, Y unwritten
+    assert sorted(context.bound) == ["R", "S", "W", "X", "Y"]
+    assert context.shapes == {"X": (37, 8), "R": (37, 8)}
+
+
+def test_plans_with_residual_print_the_residual_forms_plans():
+    out = subprocess.run([sys.executable, str(SAMPLE_PATH), "--plans", "--residual", "--hidden-dim", "16384"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "X and R in registers" in out.stdout
+    assert "staged" not in out.stdout.split("sm_80")[0], "32 KB rows of X and R run no mid plan on sm_90"

@@ -41,10 +41,14 @@ def test_kernel_matches_numpy(tokens, hidden, dtype):
     _check(tokens, hidden, dtype, "float32", seed=tokens * 7919 + hidden)
 
 
-# 1028-3072: fp32 X staged (rows of 4-12 KB), 1030: fp32 X in 2-element vectors.
+# Every pair at these: 1028-3072, fp32 X staged (rows of 4-12 KB); 1030, fp32 X in 2-element vectors.
+COMBINATION_HIDDEN = [7, 100, 1000, 1028, 1030, 2560, 3072, 8192]
+COMBINATION_TOKENS = [1, 37, 512]
+
+
 @pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [7, 100, 1000, 1028, 1030, 2560, 3072, 8192])
-@pytest.mark.parametrize("tokens", [1, 37, 512])
+@pytest.mark.parametrize("hidden", COMBINATION_HIDDEN)
+@pytest.mark.parametrize("tokens", COMBINATION_TOKENS)
 def test_every_dtype_combination_matches_numpy(tokens, hidden, dtype, w_dtype):
     _check(tokens, hidden, dtype, w_dtype, seed=tokens * 7919 + hidden + 17)
 

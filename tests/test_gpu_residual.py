@@ -8,7 +8,7 @@ import pytest
 
 import rms_norm_plugin_cutedsl as sample
 from support.torch_kernel import add_rms_norm_torch
-from test_gpu_kernel import COMBINATIONS, HIDDEN, TOKENS
+from test_gpu_kernel import COMBINATION_HIDDEN, COMBINATION_TOKENS, COMBINATIONS, HIDDEN, TOKENS
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +49,8 @@ def test_residual_form_matches_torch_and_numpy(tokens, hidden, dtype):
 
 
 @pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [7, 100, 1000, 1028, 1030, 2560, 3072, 8192])
-@pytest.mark.parametrize("tokens", [1, 37, 512])
+@pytest.mark.parametrize("hidden", COMBINATION_HIDDEN)
+@pytest.mark.parametrize("tokens", COMBINATION_TOKENS)
 def test_residual_form_every_dtype_combination(tokens, hidden, dtype, w_dtype):
     _check(tokens, hidden, dtype, w_dtype, seed=tokens * 7919 + hidden + 23)
 
