@@ -14,7 +14,8 @@ that with the sample's CuteDSL kernel and a dynamic token count.
 What you will learn
 -------------------
 * How the kernel's parameter list is made to match TensorRT's AOT calling
-  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y).
+  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y;
+  with --residual, X, R, W, num_tokens, Y, S).
 * How to pick the PTX ISA version so the deployment driver can load it.
 * How to register a QDP op with an AOT implementation and build, run and save
   an engine that ``trtexec`` loads without this file.
@@ -29,6 +30,8 @@ How to run it (TensorRT >= 10.9, SM80+ GPU)
 -------------------------------------------
     python3 rms_norm_aot_cutedsl.py --engine rms_norm_aot.engine
     trtexec --loadEngine=rms_norm_aot.engine --shapes=X:128x1024
+    python3 rms_norm_aot_cutedsl.py --residual --engine add_rms_norm_aot.engine
+    trtexec --loadEngine=add_rms_norm_aot.engine --shapes=X:128x1024,R:128x1024
 
 Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage
 or environment error.
@@ -36,6 +39,7 @@ or environment error.
 
 # No `from __future__ import annotations`: tensorrt.plugin inspects the
 # annotations of the functions below as real types.
+import dataclasses
 import re
 import sys
 
@@ -51,6 +55,14 @@ except ImportError as exc:  # the sample's ImportError names the missing pip pac
 from rms_norm_plugin_cutedsl import UsageError
 
 OP_NAME = "rms_norm_cutedsl::rms_norm"
+# The residual form, a second op: (X, R, W) -> (Y, S = X + R), S rounded to X's dtype.
+FUSED_OP_NAME = "rms_norm_cutedsl::add_rms_norm"
+
+
+def op_name(residual: bool) -> str:
+    """The op of the plain or the residual form."""
+    return FUSED_OP_NAME if residual else OP_NAME
+
 
 # %% [1] The PTX TensorRT embeds ------------------------------------------------
 #
@@ -67,26 +79,51 @@ OP_NAME = "rms_norm_cutedsl::rms_norm"
 AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
 
 
-def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32"):
+# TensorRT launches the AOT kernel without the attribute that opts a kernel into
+# more than 48 KB of dynamic shared memory, so a launch that asks for more
+# fails. The plain form's staged rows stay below it; the residual form stages
+# R too, and where the two no longer fit, its rows stay in registers, the
+# remedy the sample's own table_plan takes where staged rows do not fit a CTA.
+AOT_SHARED_BYTES = 48 * 1024
+
+
+def aot_plan(hidden: int, elem_bytes: int, residual: bool = False):
+    """The AOT kernel's one plan: the many-token plan without a cluster or bulk copy (every
+    GPU from sm_80), its rows in registers where staging them would pass AOT_SHARED_BYTES."""
+    plan = sample.plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
+    if shared_memory_bytes(plan) > AOT_SHARED_BYTES:
+        # Rows in registers hold more through the reduction: fit the plan to them again.
+        plan = sample.fit_registers(dataclasses.replace(plan, arrival="registers"))
+    return plan
+
+
+def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32",
+               residual: bool = False):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
 
-    The many-token plan alone, without a cluster: an AOT implementation gives TensorRT one kernel for every
-    token count, launched with a grid and a block only.
+    One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every
+    token count, launched with a grid and a block only. residual: the fused form, PTX
+    parameters (X, R, W, num_tokens, Y, S).
     """
     if arch not in AOT_PTX_ISA:
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
-    ptx = sample.compile_rms_norm(dtype, hidden, epsilon, arch=arch, w_dtype=w_dtype, keep_ptx=True,
-                                  plans_by_tokens=False).__ptx__
+    plan = aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
+    # compile_launcher, not compile_rms_norm: the latter plans without the 48 KB rule above.
+    schedule = ((plan, ((None, None),)),)
+    epsilon = sample.validate_epsilon(epsilon)
+    ptx = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True).__ptx__
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
-    return name, ptx, sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, sm90=False)
+    return name, ptx, plan
 
 
 def shared_memory_bytes(plan) -> int:
     """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy (what this flavor
-    compiles): the staged rows of X (stage_rows), then one FP32 sum per warp of each row slot, in as many sets as
-    the CTA has rows in sequence, up to two (row_sum_buffers). A CPU test holds it to CuteDSL's own count."""
-    staged = plan.cta_rows * plan.hidden * plan.elem_bytes if plan.arrival != "registers" else 0
+    compiles): the staged rows (stage_rows: X, then R in the residual form, num_row_inputs of them), then one FP32
+    sum per warp of each row slot, in as many sets as the CTA has rows in sequence, up to two (row_sum_buffers).
+    A CPU test holds it to CuteDSL's own count."""
+    row_bytes = plan.cta_rows * plan.hidden * plan.elem_bytes
+    staged = row_bytes * plan.num_row_inputs if plan.arrival != "registers" else 0
     sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence) if plan.warps_per_row > 1 else 0
     return staged + sums
 
@@ -100,7 +137,7 @@ def aot_launch_dims(plan, num_tokens):
     return plan.grid(num_tokens), plan.cta_threads, shared_memory_bytes(plan)
 
 
-# %% [2] The QDP op: shape/dtype inference, formats, AOT implementation -------
+# %% [2] The QDP ops: shape/dtype inference, formats, AOT implementation ------
 #
 # Registered inside a function, so importing this file does no work and does
 # not need tensorrt. Attributes of an AOT plugin are not stored in the engine
@@ -115,13 +152,16 @@ def aot_launch_dims(plan, num_tokens):
 #
 # TensorRT passes *every* registered attribute to aot_impl, positionally and
 # in registration order, so the attributes after the tensors must be the same
-# list, in the same order, in all three functions below.
+# list, in the same order, in the three functions of each op below.
+#
+# The residual form is an op of its own, not an attribute of one op: an op's
+# inputs and outputs are fixed by the signature tensorrt.plugin reads.
 
 _REGISTERED = False
 
 
 def register_aot_op(arch: str):
-    """Register the op with tensorrt.plugin (idempotent); `arch` is the GPU the PTX is made for."""
+    """Register both ops with tensorrt.plugin (idempotent); `arch`: the GPU the PTX is made for."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -133,47 +173,85 @@ def register_aot_op(arch: str):
     import tensorrt.plugin as trtp
 
     names = {getattr(trt.DataType, row.trt): name for name, row in sample.DTYPES.items()}
+    Epsilon = npt.NDArray[np.float32]  # see above: an array attribute, not a float
+    AotResult = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
 
-    @trtp.register(OP_NAME)
-    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32]) -> trtp.TensorDesc:
-        """Y has X's shape and dtype."""
-        return x.like()
-
-    @trtp.autotune(OP_NAME)
-    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
-                         outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
-        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
-
-    @trtp.aot_impl(OP_NAME)
-    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: npt.NDArray[np.float32],
-                     outputs: Tuple[trtp.TensorDesc], tactic: int
-                     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
-        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+    def aot_result(op: str, x, w, epsilon, r=None) -> AotResult:
+        """What aot_impl returns at build time per dtype combination: kernel name, PTX,
+        launch dims, extra args. r: R's desc in the residual form."""
         hidden_expr = x.shape_expr[1]
         if not hidden_expr.is_constant:
-            raise ValueError(f"{OP_NAME}: the hidden dimension must be static (it is compiled into the kernel)")
+            raise ValueError(f"{op}: the hidden dimension must be static "
+                             "(it is compiled into the kernel)")
         # is_constant is a property but constant_value() a method (tensorrt.plugin's ShapeExpr).
-        name, ptx, plan = aot_kernel(names[x.dtype], hidden_expr.constant_value(), float(epsilon[0]), arch,
-                                     names[w.dtype])
+        hidden = hidden_expr.constant_value()
+        if r is not None:  # the kernel reads R with X's row layout
+            r_hidden = r.shape_expr[len(r.shape_expr) - 1]
+            same = r_hidden.is_constant and r_hidden.constant_value() == hidden
+            if len(r.shape_expr) != 2 or not same:
+                raise ValueError(f"{op}: R must have X's shape [num_tokens, {hidden}]")
+        name, ptx, plan = aot_kernel(names[x.dtype], hidden, float(epsilon[0]), arch,
+                                     names[w.dtype], residual=r is not None)
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = grid
         launch.block_x = int(block)
         launch.shared_mem = int(smem)
-        # The kernel's parameters are (X, W, num_tokens, Y): TensorRT passes the
-        # input pointers, then these extra arguments, then the output pointers.
+        # The kernel's parameters are (X, W, num_tokens, Y), or (X, R, W, num_tokens, Y, S):
+        # TensorRT passes the input pointers, then these extra arguments, then the output pointers.
         extra = trtp.SymIntExprs(1)
         extra[0] = trtp.SymInt32(num_tokens)
         return name, ptx, launch, extra
+
+    @trtp.register(OP_NAME)
+    def rms_norm_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon) -> trtp.TensorDesc:
+        """Y has X's shape and dtype."""
+        return x.like()
+
+    @trtp.autotune(OP_NAME)
+    def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                         outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
+        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
+        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
+
+    @trtp.aot_impl(OP_NAME)
+    def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                     outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+        return aot_result(OP_NAME, x, w, epsilon)
+
+    @trtp.register(FUSED_OP_NAME)
+    def add_rms_norm_desc(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                          epsilon: Epsilon) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:
+        """Y and S have X's shape and dtype."""
+        return x.like(), x.like()
+
+    @trtp.autotune(FUSED_OP_NAME)
+    def add_rms_norm_formats(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                             epsilon: Epsilon, outputs: Tuple[trtp.TensorDesc]
+                             ) -> List[trtp.AutoTuneCombination]:
+        """X, R, Y and S of one dtype, fp16, bf16 or fp32, times any W, as the plain op; linear."""
+        rows = "FP16|BF16|FP32"
+        io_types = f"{rows}, {rows}, FP32*FP16*BF16, {rows}, {rows}"
+        return [trtp.AutoTuneCombination(io_types, "LINEAR")]
+
+    @trtp.aot_impl(FUSED_OP_NAME)
+    def add_rms_norm_aot(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                         epsilon: Epsilon, outputs: Tuple[trtp.TensorDesc], tactic: int
+                         ) -> AotResult:
+        """As rms_norm_aot, for the residual form's kernel."""
+        return aot_result(FUSED_OP_NAME, x, w, epsilon, r)
 
     _REGISTERED = True
 
 
 def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                     w_dtype: str = "float32"):
-    """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself."""
+                     w_dtype: str = "float32", residual: bool = False):
+    """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself.
+
+    Its tensors are named as the sample's (io_names): X, W -> Y, or with `residual` X, R, W -> Y, S.
+    """
     import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
@@ -184,15 +262,21 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
         raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
-    x = network.add_input("X", getattr(trt.DataType, sample.DTYPES[dtype].trt), (-1, hidden))
-    w = network.add_input("W", getattr(trt.DataType, sample.DTYPES[w_dtype].trt), (hidden,))
-    op = trtp.op.rms_norm_cutedsl.rms_norm
+    input_names, output_names = sample.io_names(residual)
+    x_type = getattr(trt.DataType, sample.DTYPES[dtype].trt)
+    w_type = getattr(trt.DataType, sample.DTYPES[w_dtype].trt)
+    inputs = [network.add_input(name, w_type, (hidden,)) if name == "W"
+              else network.add_input(name, x_type, (-1, hidden)) for name in input_names]
+    op = trtp.op.rms_norm_cutedsl.add_rms_norm if residual else trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
-    y = network.add_plugin(op(x, w, epsilon=eps), aot=True).get_output(0)
-    y.name = "Y"
-    network.mark_output(y)
-    return sample.build_from_network((builder, network), {"X": tuple((n, hidden) for n in (min_tokens, opt_tokens,
-                                                                                         max_tokens))})
+    layer = network.add_plugin(op(*inputs, epsilon=eps), aot=True)
+    for i, name in enumerate(output_names):
+        output = layer.get_output(i)
+        output.name = name
+        network.mark_output(output)
+    rows = tuple((n, hidden) for n in (min_tokens, opt_tokens, max_tokens))
+    shapes = {name: rows for name in input_names if name != "W"}
+    return sample.build_from_network((builder, network), shapes)
 
 
 def check_aot_support():
@@ -211,6 +295,14 @@ def check_aot_support():
 # %% [3] Command line -----------------------------------------------------------
 
 
+def trtexec_command(args) -> str:
+    """The trtexec line that runs the saved engine at --num-tokens: trtexec needs the shape of every
+    dynamic input, X and, in the residual form, R."""
+    rows = [name for name in sample.io_names(args.residual)[0] if name != "W"]
+    shapes = ",".join(f"{name}:{args.num_tokens}x{args.hidden_dim}" for name in rows)
+    return f"trtexec --loadEngine={args.engine} --shapes={shapes}"
+
+
 def main(argv=None) -> int:
     """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment or TensorRT error."""
     parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
@@ -220,17 +312,17 @@ def main(argv=None) -> int:
     args = sample.validate_args(parser, parser.parse_args(argv))
     if args.from_onnx:
         parser.error("--from-onnx builds the Python plugin's engine; this flavor builds its own AOT op")
-    plan = sample.plan_kernel(args.hidden_dim, sample.DTYPES[args.dtype].bytes, sm90=False)
+    plan = aot_plan(args.hidden_dim, sample.DTYPES[args.dtype].bytes, args.residual)
     if args.plans:
         print(f"every token count: {plan.describe()}")
         return sample.EXIT_CORRECT
-    record = saved.engine_record(args, "aot", OP_NAME)
+    record = saved.engine_record(args, "aot", op_name(args.residual))
     data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
         with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
             return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                                    args.epsilon, args.weight_dtype)
+                                    args.epsilon, args.weight_dtype, args.residual)
 
     def make_engine(args):
         check_aot_support()
@@ -238,7 +330,7 @@ def main(argv=None) -> int:
         if args.engine is None:
             return build(args)
         engine = saved.load_or_build(args, record, build, data)
-        print(f"Run it without Python: trtexec --loadEngine={args.engine} --shapes=X:{args.num_tokens}x{args.hidden_dim}")
+        print(f"Run it without Python: {trtexec_command(args)}")
         return engine
 
     return sample.run(args, make_engine)

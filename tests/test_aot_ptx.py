@@ -1,5 +1,6 @@
 """CPU: the AOT flavor's PTX has TensorRT's AOT calling convention and a PTX version drivers accept."""
 
+import functools
 import re
 import shutil
 import struct
@@ -27,13 +28,52 @@ def test_entry_is_x_w_num_tokens_y(arch, dtype, w_dtype, hidden):
     assert re.search(rf"^\.version {re.escape(aot.AOT_PTX_ISA[arch])}$", ptx, re.M)
 
 
+# The residual form at every dtype pair, and per X dtype at sizes that take each way of holding X and R: in
+# registers (1, 100, 16384), staged (4096 in 16 bits; 12280 fp16 and 6140 fp32, 48 KB less 8 bytes with the warp
+# sums) and in registers again where staging would pass 48 KB (12288 bf16, 6144 fp32).
+RESIDUAL_CASES = ([(x, w, 1024) for x, w in COMBINATIONS]
+                  + [(x, "float32", h) for x in ("float16", "bfloat16", "float32") for h in (1, 100, 4096, 16384)]
+                  + [("float16", "float32", 12280), ("bfloat16", "float32", 12288), ("float32", "float32", 6140),
+                     ("float32", "float32", 6144)])
+
+
+@functools.cache
+def residual_kernel(dtype, w_dtype, hidden, arch):
+    """aot_kernel's residual form, compiled once for the tests that read and assemble it."""
+    return aot.aot_kernel(dtype, hidden, 1e-5, arch, w_dtype, residual=True)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype, w_dtype, hidden", RESIDUAL_CASES)
+def test_residual_entry_is_x_r_w_num_tokens_y_s(arch, dtype, w_dtype, hidden):
+    """The fused op's inputs (X, R, W), its extra int32, its outputs (Y, S): 3 pointers, a u32, 2 pointers."""
+    name, ptx, plan = residual_kernel(dtype, w_dtype, hidden, arch)
+    entries = re.findall(r"^\.visible \.entry (\w+)\(([^)]*)\)", ptx, re.M)
+    assert [e[0] for e in entries] == [name]
+    params = re.findall(r"\.param \.(\w+)[^,]* \w+_param_(\d+)", entries[0][1])
+    assert params == [("u64", "0"), ("u64", "1"), ("u64", "2"), ("u32", "3"), ("u64", "4"), ("u64", "5")]
+    assert plan.residual and plan.num_row_inputs == 2 and str(plan) in name
+    assert re.search(rf"^\.target {arch}\b", ptx, re.M)
+    assert re.search(rf"^\.version {re.escape(aot.AOT_PTX_ISA[arch])}$", ptx, re.M)
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
 @pytest.mark.parametrize("hidden", [7, 1024, 16384])
 def test_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, dtype, w_dtype, hidden):
     """ptxas refuses an instruction newer than the declared .version: the version is honest."""
-    _, ptx, _ = aot.aot_kernel(dtype, hidden, 1e-5, arch, w_dtype)
+    assemble(tmp_path, arch, aot.aot_kernel(dtype, hidden, 1e-5, arch, w_dtype)[1])
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("dtype, w_dtype, hidden", RESIDUAL_CASES)
+def test_residual_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, dtype, w_dtype, hidden):
+    assemble(tmp_path, arch, residual_kernel(dtype, w_dtype, hidden, arch)[1])
+
+
+def assemble(tmp_path, arch, ptx):
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
     proc = subprocess.run(["ptxas", f"-arch={arch}", str(path), "-o", str(tmp_path / "k.cubin")],
@@ -78,6 +118,33 @@ def test_the_shared_memory_asked_of_tensorrt_is_what_cutedsl_allocates(dtype, hi
     for tokens in (1, 37, 512):
         assert aot.aot_launch_dims(plan, tokens)[2] == launch_shared_memory(compiled)
     assert launch_shared_memory(compiled) <= 48 * 1024
+
+
+@pytest.mark.parametrize("dtype, w_dtype, hidden", RESIDUAL_CASES[9:] + [("float16", "float32", sample.MAX_HIDDEN)])
+def test_the_residual_forms_shared_memory_is_what_cutedsl_allocates(dtype, w_dtype, hidden):
+    """As above for the fused op, whose staged plans keep R beside X: its one-plan launcher compiled as aot_kernel
+    compiles it (compile_rms_norm would plan without the 48 KB rule)."""
+    from support.check_kernel import compile_plan, launch_shared_memory
+
+    plan = aot.aot_plan(hidden, sample.DTYPES[dtype].bytes, residual=True)
+    inferred = launch_shared_memory(compile_plan(sample, dtype, plan, "sm_90a", w_dtype))
+    for tokens in (1, 37, 512):
+        assert aot.aot_launch_dims(plan, tokens)[2] == inferred
+    assert inferred <= aot.AOT_SHARED_BYTES == 48 * 1024
+
+
+@pytest.mark.parametrize("elem_bytes, fits, too_long", [(2, 12280, 12288), (4, 6140, 6144)])
+def test_the_residual_form_stages_its_rows_only_within_48_kb(elem_bytes, fits, too_long):
+    """Hand-derived: X and R of hidden 12280 in 16 bits take 2 x 24560 bytes, and 6 warps' sums 24: 48 KB less 8,
+    so they stay staged; one vector more (12288) needs 48 KB + 24, which TensorRT's launch would refuse, so the
+    rows move to registers. fp32 the same at half the elements. The sample's plan, made for a launch that opts
+    in to more, stages both."""
+    assert aot.aot_plan(fits, elem_bytes, residual=True).arrival == "cp.async"
+    assert aot.shared_memory_bytes(aot.aot_plan(fits, elem_bytes, residual=True)) == 2 * 24560 + 24
+    assert sample.plan_kernel(too_long, elem_bytes, sm90=False, residual=True).arrival == "cp.async"
+    plan = aot.aot_plan(too_long, elem_bytes, residual=True)
+    assert plan.arrival == "registers" and aot.shared_memory_bytes(plan) == 24
+    assert sample.registers_needed(plan) <= sample.register_ceiling(plan), "refitted to its registers"
 
 
 def test_unknown_arch_is_refused():

@@ -111,11 +111,12 @@ def trtp(request, bindings_wheels, monkeypatch):
     return trt, package
 
 
-def built_aot_plugin(trt, trtp, epsilon):
-    """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT."""
-    op = trtp.op.rms_norm_cutedsl.rms_norm
+def built_aot_plugin(trt, trtp, epsilon, residual=False):
+    """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT.
+    residual: the fused op's, op(x, r, w, epsilon=...)."""
+    op = trtp.op.rms_norm_cutedsl.add_rms_norm if residual else trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)
-    make = op(trt.ITensor(), trt.ITensor(), epsilon=eps)
+    make = op(*(trt.ITensor() for _ in range(3 if residual else 2)), epsilon=eps)
     _, _, plugin = make(trt.QuickPluginCreationRequest.STRICT_AOT)
     return plugin
 
@@ -127,25 +128,33 @@ def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
     return desc
 
 
-def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None):
-    """Drive the plugin through a build's calls; returns (output shape exprs, launch params, extra args, kernel)."""
+def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None):
+    """Drive the plugin through a build's calls; returns (output shape exprs, formats, launch params, extra args,
+    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless r_shape."""
     w_type = trt.DataType.FLOAT if w_type is None else w_type
     builder = trt.IExprBuilder()
     tokens = trt_qdp_double.SymbolicDim("num_tokens")
     x_dims = x_shape if x_shape is not None else trt.DimsExprs([tokens, builder.constant(hidden)])
-    w_dims = trt.DimsExprs([builder.constant(hidden)])
-    assert plugin.get_output_data_types([io_type, w_type], [2, 1]) == [io_type]
-    (y_dims,) = plugin.get_output_shapes([x_dims, w_dims], [], builder)
-    in_out = [io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden)),
-              io_desc(trt, w_type, (hidden,)),
-              io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))]
-    formats = plugin.get_supported_format_combinations(in_out, 2)
-    plugin.configure_plugin(in_out[:2], in_out[2:])
+    row_dims = [x_dims]
+    if residual:
+        row_dims.append(r_shape if r_shape is not None else trt.DimsExprs(x_dims))
+    in_dims = row_dims + [trt.DimsExprs([builder.constant(hidden)])]
+    num_inputs, num_outputs = len(in_dims), len(row_dims)
+    types = [io_type] * len(row_dims) + [w_type]
+    assert plugin.get_output_data_types(types, [len(d) for d in in_dims]) == [io_type] * num_outputs
+    out_dims = plugin.get_output_shapes(in_dims, [], builder)
+
+    def rows():
+        return io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))
+
+    in_out = [rows() for _ in row_dims] + [io_desc(trt, w_type, (hidden,))] + [rows() for _ in range(num_outputs)]
+    formats = plugin.get_supported_format_combinations(in_out, num_inputs)
+    plugin.configure_plugin(in_out[:num_inputs], in_out[num_inputs:])
     plugin.set_tactic(0)
     launch, extra = trt.KernelLaunchParams(), trt.ISymExprs()
-    plugin.get_launch_params([x_dims, w_dims], in_out, 2, launch, extra, builder)
-    name, ptx = plugin.get_kernel([d.desc for d in in_out[:2]], [in_out[2].desc])
-    return y_dims, formats, launch, extra, (name, ptx)
+    plugin.get_launch_params(in_dims, in_out, num_inputs, launch, extra, builder)
+    name, ptx = plugin.get_kernel([d.desc for d in in_out[:num_inputs]], [d.desc for d in in_out[num_inputs:]])
+    return out_dims, formats, launch, extra, (name, ptx)
 
 
 def f32_literal(value):
@@ -171,7 +180,7 @@ def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io, w):
     trt, package = trtp
     io_type, w_type = getattr(trt.DataType, io), getattr(trt.DataType, w)
     plugin = built_aot_plugin(trt, package, EPS)
-    y_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type)
+    (y_dims,), formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type)
 
     assert y_dims[1].is_constant() and y_dims[1].get_constant_value() == hidden
     assert not y_dims[0].is_constant()
@@ -203,6 +212,62 @@ def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io, w):
     assert [extra[0].expr.evaluate(num_tokens=n) for n in (1, 37, 512)] == [1, 37, 512]
 
 
+# The fused op's launch shapes, by (hidden, bytes per X element), derived as LAUNCH above but with R staged beside
+# X: hidden 1024 keeps its rows in registers (2 KB and 4 KB rows), so its launch is the plain op's; hidden 4096,
+# 16-bit, and 2048, fp32, stage X and R (2 x 8192 bytes) plus 4 bytes x 8 warps. hidden 12288, 16-bit (24 KB
+# rows): 1536 vectors, 8 per thread -> 192 threads; staging X and R would take 48 KB + 24 bytes, more than an
+# AOT launch gets, so both rows stay in registers and only 4 bytes x 6 warps remain.
+FUSED_LAUNCH = {(1024, 2): (2, 128, 16), (1024, 4): (1, 128, 16), (4096, 2): (1, 256, 2 * 8192 + 32),
+                (2048, 4): (1, 256, 2 * 8192 + 32), (12288, 2): (1, 192, 24)}
+FUSED_CASES = ([(1024, io, "FLOAT") for io in TYPES]
+               + [(1024, "HALF", "BF16"), (4096, "BF16", "FLOAT"), (2048, "FLOAT", "HALF"), (12288, "HALF", "FLOAT")])
+
+
+@pytest.mark.parametrize("hidden, io, w", FUSED_CASES)
+def test_tensorrt_plugin_builds_the_fused_aot_op(trtp, hidden, io, w):
+    """rms_norm_cutedsl::add_rms_norm: (X, R, W) -> (Y, S), both outputs X's shape and dtype, X, R, Y and S of
+    one dtype, and a PTX entry with R and S in TensorRT's order (inputs, num_tokens, outputs)."""
+    trt, package = trtp
+    io_type, w_type = getattr(trt.DataType, io), getattr(trt.DataType, w)
+    plugin = built_aot_plugin(trt, package, EPS, residual=True)
+    out_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type,
+                                                          residual=True)
+
+    assert len(out_dims) == 2, "Y and S"
+    for dims in out_dims:
+        assert dims[1].is_constant() and dims[1].get_constant_value() == hidden
+        assert not dims[0].is_constant()
+    combos = {tuple(d.type for d in formats[i:i + 5]) for i in range(0, len(formats), 5)}
+    assert combos == {tuple(getattr(trt.DataType, t) for t in (x, x, w_, x, x)) for x in TYPES for w_ in TYPES}
+    assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
+
+    ptx = ptx.decode()
+    (entry,) = re.findall(rf"^\.visible \.entry {name}\(([^)]*)\)", ptx, re.M)
+    assert re.findall(r"\.param \.(\w+)", entry) == ["u64", "u64", "u64", "u32", "u64", "u64"]
+    assert name.count("_residual") == 1, "the residual form's plan"
+    assert re.search(r"^\.version 8\.0$", ptx, re.M) and f32_literal(EPS) in ptx
+
+    rows_per_cta, block, smem = FUSED_LAUNCH[hidden, 4 if io == "FLOAT" else 2]
+    assert ("cp.async" in ptx) == (smem > 2 * 8192), "rows staged exactly where the shared memory says so"
+    assert launch.block_x.expr.get_constant_value() == block
+    assert re.search(rf"\.reqntid {block}, 1, 1", ptx)
+    assert launch.shared_mem.expr.get_constant_value() == smem
+    for tokens in (1, 37, 512):
+        assert launch.grid_x.expr.evaluate(num_tokens=tokens) == -(-tokens // rows_per_cta)
+    assert extra.nbSymExprs == 1 and extra[0].dtype == trt.PluginArgDataType.INT32
+    assert extra[0].expr.evaluate(num_tokens=37) == 37
+
+
+def test_the_fused_op_refuses_an_r_of_another_hidden_size(trtp):
+    """The kernel reads R with X's row layout: an R of another hidden size would be read out of bounds."""
+    trt, package = trtp
+    plugin = built_aot_plugin(trt, package, EPS, residual=True)
+    builder = trt.IExprBuilder()
+    r_dims = trt.DimsExprs([trt_qdp_double.SymbolicDim("num_tokens"), builder.constant(512)])
+    with pytest.raises(ValueError, match=r"add_rms_norm: R must have X's shape \[num_tokens, 1024\]"):
+        build(trt, plugin, 1024, trt.DataType.HALF, residual=True, r_shape=r_dims)
+
+
 def test_a_dynamic_hidden_size_is_refused(trtp):
     trt, package = trtp
     plugin = built_aot_plugin(trt, package, EPS)
@@ -211,16 +276,20 @@ def test_a_dynamic_hidden_size_is_refused(trtp):
         build(trt, plugin, 1024, trt.DataType.HALF, x_shape=dynamic)
 
 
-def test_every_registered_attribute_reaches_aot_impl(trtp):
+@pytest.mark.parametrize("op", [aot.OP_NAME, aot.FUSED_OP_NAME])
+def test_every_registered_attribute_reaches_aot_impl(trtp, op):
     """get_launch_params passes all registered attributes positionally: the lists must stay equal."""
     trt, package = trtp
-    definition = package._lib.QDP_REGISTRY[aot.OP_NAME]
+    definition = package._lib.QDP_REGISTRY[op]
     assert list(definition.input_attrs) == definition.aot_impl_attr_names == definition.autotune_attr_names
+    assert list(definition.input_attrs) == ["epsilon"]
 
 
-def test_the_epsilon_attribute_reaches_the_kernel_as_float32(trtp):
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
+def test_the_epsilon_attribute_reaches_the_kernel_as_float32(trtp, residual):
     trt, package = trtp
-    _, _, _, _, (_, ptx) = build(trt, built_aot_plugin(trt, package, 0.1), 1024, trt.DataType.HALF)
+    _, _, _, _, (_, ptx) = build(trt, built_aot_plugin(trt, package, 0.1, residual), 1024, trt.DataType.HALF,
+                                 residual=residual)
     assert f32_literal(0.1) in ptx.decode()
 
 

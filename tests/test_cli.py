@@ -182,6 +182,35 @@ def test_the_aot_script_plans_is_its_one_kernel_for_every_count():
                                 "X in registers, W first"]
 
 
+@pytest.mark.parametrize("hidden, plain, residual", [
+    (8192, "X in registers, W first", "X and R in registers, W first"),
+    (12288, "X staged by cp.async, W late", "X and R in registers, W late")])
+def test_the_aot_script_plans_the_residual_form_with_residual(hidden, plain, residual):
+    """--residual was once ignored here: the plain plan printed, the plain op built. Hand-derived from ROW_PLANS:
+    8192 fp16 as above, X and R now both in registers (32 + 32 of W + 26 registers, far under the ceiling).
+    12288 fp16 (24 KB rows) takes 8 vectors a thread, 192 threads, W late, X staged; staging R too would need 48 KB
+    and 24 bytes, more than TensorRT's AOT launch gets, so both rows stay in registers."""
+    threads, vectors = {8192: (256, 4), 12288: (192, 8)}[hidden]
+    prefix = f"every token count: {threads} threads/row x {vectors} vectors of 8 x 16-bit, 1 row/CTA, "
+    for flags, where in (([], plain), (["--residual"], residual)):
+        code, out, err = run_script("--plans", "--hidden-dim", str(hidden), *flags, script=AOT_PATH)
+        assert code == 0, err
+        assert out.splitlines() == [prefix + where]
+
+
+@pytest.mark.parametrize("flags, shapes", [([], "X:64x4096"), (["--residual"], "X:64x4096,R:64x4096")])
+def test_the_aot_scripts_trtexec_line_names_the_shape_of_every_row_input(flags, shapes):
+    """trtexec refuses to run an engine with a dynamic input whose shape it is not given: the fused op's R too."""
+    import rms_norm_aot_cutedsl as aot
+    import rms_norm_plugin_cutedsl as sample
+
+    parser = sample.make_parser("test")
+    parser.add_argument("--engine")  # as the AOT script's own parser
+    args = sample.validate_args(parser, parser.parse_args(["--num-tokens", "64", "--hidden-dim", "4096",
+                                                           "--engine", "a.engine", *flags]))
+    assert aot.trtexec_command(args) == f"trtexec --loadEngine=a.engine --shapes={shapes}"
+
+
 @pytest.mark.parametrize("package,pip_name", [
     ("numpy", "numpy"), ("cuda", "cuda-python"), ("cupy", "cupy-cuda12x"), ("torch", "torch"),
     ("cutlass", "nvidia-cutlass-dsl"),

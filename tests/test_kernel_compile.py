@@ -165,18 +165,20 @@ def test_fp32_rows_are_staged_by_the_same_byte_thresholds(w_dtype, w_loads_per_v
     assert len(re.findall(r"\bld\.global\.", ptx)) == w_loads_per_vector * plan.vecs_per_thread
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("elem_bytes", [2, 4])
-@pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 8192, 16384])
-def test_the_aot_shared_memory_is_what_cutedsl_allocates(hidden, elem_bytes):
+@pytest.mark.parametrize("hidden", [1, 100, 1024, 2048, 2560, 3072, 4096, 6140, 8192, 12280, 16384])
+def test_the_aot_shared_memory_is_what_cutedsl_allocates(hidden, elem_bytes, residual):
     """What the AOT launch asks TensorRT for, against the dynamic shared memory CuteDSL itself computes for the
-    same plan's launch (its host code's launch configuration): hidden * element bytes per staged row, 4 per
-    warp of a multi-warp row (the AOT flavor's plan has no cluster and no bulk copy)."""
-    plan = sample.plan_kernel(hidden, elem_bytes, sm90=False)
+    same plan's launch (its host code's launch configuration): hidden * element bytes per staged row, of X and,
+    in the residual form, of R, 4 per warp of a multi-warp row (the AOT flavor's plan has no cluster and no bulk
+    copy)."""
+    plan = aot.aot_plan(hidden, elem_bytes, residual)
     dtype = {2: "float16", 4: "float32"}[elem_bytes]
     inferred = check_kernel.launch_shared_memory(check_kernel.compile_plan(sample, dtype, plan, "sm_80"))
-    rows = plan.rows_per_cta
+    rows = plan.rows_per_cta * (2 if residual else 1)
     by_hand = (rows * hidden * elem_bytes if staged(plan) else 0) + (
-        4 * rows * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0)
+        4 * plan.rows_per_cta * (plan.threads_per_row // 32) if plan.threads_per_row > 32 else 0)
     assert aot.shared_memory_bytes(plan) == inferred == by_hand
     assert inferred <= 48 * 1024, "the AOT flavor's plan: more would need an opt-in launch attribute"
 

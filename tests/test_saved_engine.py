@@ -335,6 +335,23 @@ def test_the_aot_script_refuses_a_python_plugin_engine(tmp_path):
     assert_one_sentence(err, "built for source plugin, plugin RmsNormPlugin v1, not source aot")
 
 
+@pytest.mark.parametrize("built, asked", [([], ["--residual"]), (["--residual"], [])], ids=["plain", "fused"])
+def test_the_aot_script_tells_the_fused_ops_engine_from_the_plain_ops(tmp_path, built, asked):
+    """The record names the op the engine was built with: the plain op's is refused for --residual and the fused
+    op's without it, both ops named, before the GPU check; with the flags it was built with, on to that check."""
+    names = {False: (aot.OP_NAME, "False"), True: (aot.FUSED_OP_NAME, "True")}
+    path = str(tmp_path / "rms.engine")
+    saved.save_engine(path, ENGINE_BYTES, record(*built, source="aot", plugin=names[bool(built)][0]))
+    code, _, err = run_script("--engine", path, *asked, script=AOT_PATH)
+    assert code == EXIT_USAGE
+    (was, was_residual), (now, now_residual) = names[bool(built)], names[bool(asked)]
+    assert_one_sentence(err, f"built for plugin {was}, residual {was_residual}, not plugin {now}, "
+                             f"residual {now_residual}")
+    code, _, err = run_script("--engine", path, *built, script=AOT_PATH)
+    assert code == EXIT_USAGE
+    assert_one_sentence(err, "no CUDA GPU")
+
+
 def test_the_companion_refuses_an_aot_engine(tmp_path):
     path = str(tmp_path / "rms.engine")
     saved.save_engine(path, ENGINE_BYTES, record(source="aot", plugin=aot.OP_NAME))

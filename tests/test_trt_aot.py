@@ -100,10 +100,35 @@ def test_aot_script_saves_its_engine_with_a_record_and_a_later_run_loads_it(tmp_
     assert (record["source"], record["plugin"]) == ("aot", aot.OP_NAME)
 
 
+@pytest.mark.parametrize("dtype, extra", [("float16", []), ("bfloat16", ["--hidden-dim", "4096"]),
+                                          ("float32", ["--hidden-dim", "6144", "--weight-dtype", "float16"])])
+def test_aot_script_builds_the_fused_op_with_residual(tmp_path, dtype, extra):
+    """--residual: the fused op, (X, R, W) -> (Y, S), built, saved, loaded and checked (S bit for bit) at every
+    count the run checks; a row of 8 KB staged with R (4096 bf16) and one past 48 KB in registers (6144 fp32)."""
+    import json
+
+    import rms_norm_aot_cutedsl as aot
+
+    engine = tmp_path / "add_rms_aot.engine"
+    hidden = extra[1] if extra else "1024"
+    for expected in ("Saved engine", "Loaded engine"):
+        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--residual", "--dtype", dtype, *extra,
+                               "--engine", str(engine)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert expected in proc.stdout and "Inference result correct!" in proc.stdout
+        assert "X and R" in proc.stdout and "S != X + R" not in proc.stdout and "S == X + R" in proc.stdout
+        assert f"--shapes=X:128x{hidden},R:128x{hidden}" in proc.stdout
+    record = json.loads((tmp_path / "add_rms_aot.engine.json").read_text())
+    assert (record["plugin"], record["residual"]) == (aot.FUSED_OP_NAME, True)
+
+
 @pytest.mark.skipif(shutil.which("trtexec") is None, reason="trtexec is not on PATH")
-def test_trtexec_loads_the_aot_engine(tmp_path):
+@pytest.mark.parametrize("flags, shapes", [([], "X:128x1024"), (["--residual"], "X:128x1024,R:128x1024")])
+def test_trtexec_loads_the_aot_engine(tmp_path, flags, shapes):
     engine = tmp_path / "rms_aot.engine"
-    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine), *flags], capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = subprocess.run(["trtexec", f"--loadEngine={engine}", "--shapes=X:128x1024"], capture_output=True, text=True)
+    assert f"--shapes={shapes}" in proc.stdout
+    proc = subprocess.run(["trtexec", f"--loadEngine={engine}", f"--shapes={shapes}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
