@@ -79,9 +79,10 @@ def op_name(residual: bool) -> str:
 AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
 
 
-# TensorRT launches the AOT kernel without the attribute that opts a kernel into
-# more than 48 KB of dynamic shared memory, so a launch that asks for more
-# fails. The plain form's staged rows stay below it; the residual form stages
+# A kernel gets more than 48 KB of dynamic shared memory only once its launcher
+# opts it in (cuFuncSetAttribute), and tensorrt.plugin's KernelLaunchParams
+# offer no such setting: the AOT kernel asks for at most 48 KB, which any
+# launch gets. The plain form's staged rows stay below it; the residual form stages
 # R too, and where the two no longer fit, its rows stay in registers, the
 # remedy the sample's own table_plan takes where staged rows do not fit a CTA.
 AOT_SHARED_BYTES = 48 * 1024
