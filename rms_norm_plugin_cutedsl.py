@@ -1173,7 +1173,7 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
     """The launcher for one dtype pair, hidden, epsilon and form, compiled once per process.
 
     For the current GPU, or for `arch` ("sm_90a": no GPU needed). keep_ptx:
-    compiled anew, PTX in .__ptx__. plans_by_tokens=False: AOT's one plan.
+    compiled anew, PTX in .__ptx__. plans_by_tokens=False: sm_80's many plan alone.
     residual=True: the fused form, called as (X, W, Y, num_tokens, stream, R, S).
     """
     for name, value, allowed in (
