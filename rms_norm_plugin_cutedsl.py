@@ -810,16 +810,20 @@ def registers_needed(plan: KernelPlan) -> int:
     """The 32-bit registers a thread of the plan needs: OTHER_REGISTERS and what it holds.
 
     Held through the reduction: X's vectors where X is in registers (or a
-    later reduction reads them), with every other row input's as they
-    arrive, and the per-column inputs where they come first, counted at 4
-    bytes an element. Held at the store: X, and the columns (one vector of
-    them where they come a vector at a time).
+    later reduction reads them), every other row input's as they arrive
+    (a staged plan's too: R waits for X to be added to it), and the
+    per-column inputs where they come first or, loaded for a CTA's first
+    row, are held through its next rows' sums; counted at 4 bytes an element.
+    Held at the store: X, and the columns (one vector of them where they
+    come a vector at a time).
     """
     x_vector = math.ceil(plan.vec * plan.elem_bytes / 4)
     column_vector = plan.vec * COLUMN_INPUTS
     x_held = plan.arrival == "registers" or REDUCTIONS > 1
-    through = plan.vecs_per_thread * x_vector * plan.num_row_inputs * x_held
-    if plan.early_weight:
+    rows_held = x_held + plan.num_row_inputs - 1
+    through = plan.vecs_per_thread * x_vector * rows_held
+    columns_held = plan.early_weight or plan.rows_in_sequence > 1 and not plan.weight_by_vector
+    if columns_held:
         through += plan.vecs_per_thread * column_vector
     x_at_store = x_vector
     if plan.arrival == "registers":
@@ -987,10 +991,13 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
     ctas = 1
     if sm90 and whole and n > line.mid[0]:
         ctas = line.many_ctas
+    bound = line.min_ctas_per_sm
     if sm90 and residual and not whole and num_vecs > line.vecs_per_thread * MAX_CTA_THREADS:
         # X and R in vectors under 16 bytes, more of them than one CTA's threads
-        # hold at the line's count: ptxas spills; two CTAs give twice the registers.
+        # hold at the line's count: ptxas spills; two CTAs give twice the
+        # registers, and a bound of one CTA per SM lets ptxas take them.
         ctas = 2
+        bound = 1
     plan = split_row(
         *shape,
         line.vecs_per_thread,
@@ -998,7 +1005,7 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
         ctas=ctas,
         arrival=line.arrival if whole else "registers",
         early_weight=line.early_weight,
-        min_ctas_per_sm=line.min_ctas_per_sm,
+        min_ctas_per_sm=bound,
         residual=residual,
     )
     if plan.arrival != "registers" and not staged_fits(plan, sm90):

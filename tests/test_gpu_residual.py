@@ -127,3 +127,15 @@ def test_rows_of_narrow_vectors_over_a_cluster_of_two(tokens, hidden, dtype):
     if sample.is_sm90(sample.gpu_arch()) and dtype == "float32":
         assert plan.cluster_ctas == 2, plan
     _check(tokens, hidden, dtype, "float32", seed=tokens + hidden)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("tokens", [385, 1024, 4095])
+def test_a_bulk_mid_plan_with_w_a_vector_at_a_time(tokens, dtype):
+    """14344: two staged rows of X and R under a bound of 2 CTAs/SM leave no registers for W through the sums
+    (R waits in registers for X; a W loaded for the first row waits through the second's): W comes a vector at
+    a time at the store."""
+    plan = sample.plan_kernel(14344, 2, tokens, sample.is_sm90(sample.gpu_arch()), True)
+    if sample.is_sm90(sample.gpu_arch()):
+        assert (plan.arrival, plan.weight_by_vector, plan.min_ctas_per_sm) == ("bulk", True, 2), plan
+    _check(tokens, 14344, dtype, "float32", seed=tokens)
