@@ -109,8 +109,12 @@ DTYPES = {
     "float16": DType("HALF", "float16", "Float16", "float16", "FLOAT16", 2),
     "bfloat16": DType("BF16", "bfloat16", "BFloat16", "int16", "BFLOAT16", 2),
     "float32": DType("FLOAT", "float32", "Float32", "float32", "FLOAT", 4),
+    # Y of the FP8 form only; uint8 carries its bits through cupy.
+    "float8_e4m3fn": DType("FP8", "float8_e4m3fn", "Float8E4M3FN", "uint8", "FLOAT8E4M3FN", 1),
 }
 ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")  # X and Y
+Y_FP8 = "float8_e4m3fn"  # Y of the FP8 form: E4M3, finite only, largest 448
+FP8_MAX = 448.0
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # W; the first is the default
 # Any X dtype with any W dtype: the kernel computes in FP32 either way.
 DTYPE_PAIRS = tuple((x, w) for x in ACTIVATION_DTYPES for w in WEIGHT_DTYPES)
@@ -128,6 +132,25 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
     return x64 / np.sqrt(mean_square + epsilon) * np.asarray(w, dtype=np.float64)
 
 
+def quantize_reference(y: np.ndarray, y_scale: float) -> np.ndarray:
+    """y / y_scale rounded to FP8 E4M3 (nearest, ties to even, saturated at 448), in float64.
+
+    ONNX's QuantizeLinear to FLOAT8E4M3FN with saturate=1: infinities become
+    +-448 and NaN stays NaN. E4M3 keeps 3 bits after the leading one, and
+    below 2^-6 its steps stay 2^-9 (subnormals).
+    """
+    v = np.asarray(y, dtype=np.float64) / y_scale
+    magnitude = np.abs(v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exponent = np.floor(np.log2(magnitude))
+    # Exponents past 8 saturate anyway; NaN's step does not matter.
+    exponent = np.clip(np.nan_to_num(exponent, nan=0.0, neginf=-6.0, posinf=9.0), -6.0, 9.0)
+    step = np.exp2(exponent - 3.0)
+    rounded = np.round(magnitude / step) * step  # np.round ties to even; the division is exact
+    rounded = np.minimum(rounded, FP8_MAX)  # inf included
+    return np.where(np.isnan(v), np.nan, np.copysign(rounded, v))
+
+
 def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """s = x + r rounded once to X's dtype (torch: NumPy has no bfloat16).
 
@@ -143,7 +166,8 @@ def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 # bytes per element). The floor is a copy of X into Y, so the kernel reads
 # each element of X from DRAM once: a row stays on chip until it is stored.
 # The residual form also reads R and writes S = X + R, each once: a decoder
-# layer's Add costs no pass of its own.
+# layer's Add costs no pass of its own. The FP8 form stores Y as the FP8 GEMM
+# after it reads it, one byte per element: no quantize pass reads Y again.
 #
 # Work split. A row is cut into 16-byte vectors (8 fp16/bf16 or 4 fp32
 # values; fewer where H is not a multiple), W alike. The T threads of a row
@@ -158,6 +182,7 @@ def residual_reference(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 #            warp shuffle, then [w0][w1].. smem Step 3  row_sum
 #            rstd = rsqrt(sum / H + epsilon)    Step 4  inverse_rms
 #            y = x * rstd * w, cast, stored     Step 5  store_row
+#            (FP8 form: rstd / y_scale, and the cast saturates)
 #
 # The plan the demo runs (hidden 1024) is exactly this: X in registers,
 # a warp shuffle and shared memory for the sum. [3] adds staged rows and
@@ -457,6 +482,7 @@ def rms_norm_kernel(
     s_ptr: cute.Pointer | None,
     plan: cutlass.Constexpr,
     epsilon: cutlass.Constexpr,
+    y_scale: cutlass.Constexpr,
 ):
     # Arguments in the order of TensorRT's ahead-of-time launcher (inputs, its
     # extra num_tokens, outputs), so that one PTX serves both plugin flavors.
@@ -508,6 +534,10 @@ def rms_norm_kernel(
             add_residual(plan, t, row, row_ok, row_inputs, mS, staged, slot)
         total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)  # Steps 2-3
         rstd = inverse_rms(plan, total, epsilon)  # Step 4
+        if cutlass.const_expr(y_scale is not None):
+            # The FP8 form's y / y_scale, folded into the row's one factor;
+            # Step 5's cast to FP8 is the hardware's saturating one.
+            rstd = rstd * (1.0 / y_scale)
         late = not plan.early_weight and not plan.weight_by_vector
         if cutlass.const_expr(late and i == 0):
             # W after the reduction: no W registers held through it.
@@ -1044,13 +1074,13 @@ def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True,
 
 # %% [5] The @cute.jit launcher ---------------------------------------------------
 # Compiled in: the dtypes, epsilon, the pointers' 16-byte alignment, the form
-# (plain, or residual: R and S given) and the schedule. At run time: the
-# addresses, num_tokens and the stream; the host code picks the plan from
+# (residual: R and S given; FP8: Y's scale) and the schedule. At run time:
+# the addresses, num_tokens and the stream; the host code picks the plan from
 # num_tokens, so one launcher serves the whole profile. Each plan has one
 # launch site: CuteDSL compiles a kernel once per launch site.
 
 
-def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS):
+def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, y_scale, mR, mS):
     """Launch rms_norm_kernel with one plan: grid, CTA size, cluster and launch bound."""
     options = {}
     if plan.cluster_ctas > 1:
@@ -1063,7 +1093,7 @@ def launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS):
     r_ptr = mR.iterator if plan.residual else None
     s_ptr = mS.iterator if plan.residual else None
     pointers = (mX.iterator, r_ptr, mW.iterator, num_tokens, mY.iterator, s_ptr)
-    kernel = rms_norm_kernel(*pointers, plan, epsilon)
+    kernel = rms_norm_kernel(*pointers, plan, epsilon, y_scale)
     kernel.launch(
         grid=[plan.grid(num_tokens), 1, 1],
         block=[plan.cta_threads, 1, 1],
@@ -1092,18 +1122,20 @@ def rms_norm_launch(
     stream: cuda.CUstream,
     schedule: cutlass.Constexpr,
     epsilon: cutlass.Constexpr,
+    y_scale: cutlass.Constexpr,
     mR: cute.Tensor | None = None,
     mS: cute.Tensor | None = None,
 ):
     # The residual form's R and S come last, so that the plain form's
     # compiled launcher is called with (X, W, Y, num_tokens, stream) alone.
+    # y_scale: None, or the FP8 form's scale (mY then holds FP8).
     for p in cutlass.range_constexpr(len(schedule)):
         plan, counts = schedule[p]
         # One plan for every count needs no range test at run time.
         if cutlass.const_expr(len(schedule) == 1):
-            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS)
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, y_scale, mR, mS)
         elif serves(num_tokens, counts):
-            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, mR, mS)
+            launch_kernel(plan, mX, mW, mY, num_tokens, stream, epsilon, y_scale, mR, mS)
 
 
 def validate_epsilon(value) -> float:
@@ -1117,6 +1149,27 @@ def validate_epsilon(value) -> float:
     if not (math.isfinite(epsilon) and epsilon > 0.0):
         raise ValueError(f"field 'epsilon' must be finite and > 0 in float32, got {value}")
     return epsilon
+
+
+def validate_y_scale(value) -> float:
+    """The FP8 form's y_scale as the float32 value the kernel divides by, or ValueError."""
+    try:
+        y_scale = struct.unpack("f", struct.pack("f", float(value)))[0]
+    except OverflowError:
+        y_scale = math.inf
+    except (TypeError, ValueError):
+        raise ValueError(f"field 'y_scale' must be a number, got {value!r}") from None
+    # Below float32's normal range 1 / y_scale would overflow to inf.
+    if not (math.isfinite(y_scale) and y_scale >= FLT_MIN):
+        raise ValueError("field 'y_scale' must be finite and >= 2^-126 (a normal float32), "
+                         f"got {value}")
+    return y_scale
+
+
+def has_fp8(arch: str) -> bool:
+    """Whether a target converts to FP8 in hardware (cvt ... e4m3x2): sm_89 and newer."""
+    target = cutlass.base_dsl.Arch[arch]
+    return (target.major, target.minor) >= (8, 9)
 
 
 def is_sm90(arch: str) -> bool:
@@ -1137,12 +1190,12 @@ def gpu_arch() -> str:
 
 
 def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: str,
-                     keep_ptx: bool = False):
+                     keep_ptx: bool = False, y_scale: float | None = None):
     """rms_norm_launch for one schedule, dtype pair, epsilon and arch, on fake tensors.
 
-    No GPU needed; the schedule's plans say the form. keep_ptx: the PTX in
-    .__ptx__. support/check_kernel.py compiles a copy's plans one at a time
-    through this function.
+    No GPU needed; the schedule's plans say the form, y_scale the FP8 form.
+    keep_ptx: the PTX in .__ptx__. support/check_kernel.py compiles a copy's
+    plans one at a time through this function.
     """
     hidden = schedule[0][0].hidden
     fake = cute.runtime.make_fake_compact_tensor
@@ -1151,15 +1204,18 @@ def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: s
     w_type = getattr(cutlass, DTYPES[w_dtype].cute)
     rows = (tokens, hidden)
 
-    def fake_rows():
-        return fake(x_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
+    def fake_rows(element_type=x_type):
+        return fake(element_type, rows, stride_order=(1, 0), assumed_align=VECTOR_BYTES)
 
     w = fake(w_type, (hidden,), assumed_align=VECTOR_BYTES)
+    y = fake_rows()
+    if y_scale is not None:
+        y = fake_rows(getattr(cutlass, DTYPES[Y_FP8].cute))
     residual = (None, None)
     if schedule[0][0].residual:
         residual = (fake_rows(), fake_rows())
     stream = cute.runtime.make_fake_stream()
-    args = (rms_norm_launch, fake_rows(), w, fake_rows(), Int32(1), stream, schedule, epsilon,
+    args = (rms_norm_launch, fake_rows(), w, y, Int32(1), stream, schedule, epsilon, y_scale,
             *residual)
     if not keep_ptx:
         return cute.compile(*args, options=f"--gpu-arch {arch}")
@@ -1176,12 +1232,13 @@ _COMPILE_LOCK = threading.Lock()
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
                      arch: str | None = None, *, w_dtype: str = "float32",
                      keep_ptx: bool = False, plans_by_tokens: bool = True,
-                     residual: bool = False):
+                     residual: bool = False, y_scale: float | None = None):
     """The launcher for one dtype pair, hidden, epsilon and form, compiled once per process.
 
     For the current GPU, or for `arch` ("sm_90a": no GPU needed). keep_ptx:
     compiled anew, PTX in .__ptx__. plans_by_tokens=False: sm_80's many plan alone.
     residual=True: the fused form, called as (X, W, Y, num_tokens, stream, R, S).
+    y_scale: the FP8 form, Y an FP8 E4M3 tensor of y / y_scale (sm_89+).
     """
     for name, value, allowed in (
         ("dtype", dtype, ACTIVATION_DTYPES),
@@ -1191,20 +1248,25 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
     elem_bytes = DTYPES[dtype].bytes
     epsilon = validate_epsilon(epsilon)
+    if y_scale is not None:
+        y_scale = validate_y_scale(y_scale)
     if arch is None:
         arch = gpu_arch()
     sm90 = is_sm90(arch)  # every argument is checked before any tracing
+    if y_scale is not None and not has_fp8(arch):
+        raise ValueError(f"the FP8 form needs sm_89 or newer (FP8 conversions), got {arch}")
     if plans_by_tokens:
         schedule = token_schedule(hidden, elem_bytes, sm90, residual)
     else:
         plan = plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
         schedule = ((plan, ((None, None),)),)
     if keep_ptx:
-        return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True)
-    key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens, residual)
+        return compile_launcher(schedule, dtype, w_dtype, epsilon, arch, True, y_scale)
+    key = (dtype, w_dtype, hidden, epsilon, arch, plans_by_tokens, residual, y_scale)
     with _COMPILE_LOCK:
         if key not in _COMPILED:
-            _COMPILED[key] = compile_launcher(schedule, dtype, w_dtype, epsilon, arch)
+            _COMPILED[key] = compile_launcher(schedule, dtype, w_dtype, epsilon, arch,
+                                              y_scale=y_scale)
         return _COMPILED[key]
 
 
