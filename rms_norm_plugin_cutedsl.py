@@ -1387,7 +1387,7 @@ def fp8_refusal() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) >= (8, 9):
         return None
-    return (f"{PLUGIN_NAME}: the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
+    return (f"the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
             f"{torch.cuda.get_device_name()} has {major}.{minor}")
 
 
@@ -1466,7 +1466,7 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
             return [x_type] * self.num_outputs
         refusal = fp8_refusal()
         if refusal:
-            raise ValueError(refusal)
+            raise ValueError(f"{PLUGIN_NAME}: {refusal}")
         return [self._y_type()] + [x_type] * (self.num_outputs - 1)
 
     def _y_type(self):
@@ -2022,8 +2022,8 @@ def validate_args(parser: argparse.ArgumentParser,
     return args
 
 
-def check_environment(y_scale=None):
-    """UsageError unless a usable GPU (FP8 for a y_scale), TensorRT and Polygraphy are present."""
+def check_environment():
+    """UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU "
                          "of compute capability 8.0 or newer")
@@ -2032,8 +2032,6 @@ def check_environment(y_scale=None):
         name = torch.cuda.get_device_name()
         raise UsageError(f"{name} has compute capability {major}.{minor}; "
                          "the kernel needs 8.0 or newer")
-    if y_scale is not None and fp8_refusal():
-        raise UsageError(fp8_refusal().removeprefix(f"{PLUGIN_NAME}: "))
     try:
         require_tensorrt()
         import polygraphy.backend.trt  # noqa: F401
@@ -2073,7 +2071,9 @@ def run(args: argparse.Namespace, make_engine) -> int:
     wanted = (args.num_tokens, low, high, odd)
     counts = [n for n in dict.fromkeys(wanted) if n >= low]
     try:
-        check_environment(args.y_scale)
+        check_environment()
+        if args.y_scale is not None and fp8_refusal():
+            raise UsageError(fp8_refusal())
         form = "X + R, then RMSNorm" if args.residual else "RMSNorm"
         if args.y_scale is not None:
             form += f" to FP8 (y_scale {args.y_scale:g})"
