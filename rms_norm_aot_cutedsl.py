@@ -32,6 +32,7 @@ How to run it (TensorRT >= 10.9, SM80+ GPU)
     trtexec --loadEngine=rms_norm_aot.engine --shapes=X:128x1024
     python3 rms_norm_aot_cutedsl.py --residual --engine add_rms_norm_aot.engine
     trtexec --loadEngine=add_rms_norm_aot.engine --shapes=X:128x1024,R:128x1024
+    python3 rms_norm_aot_cutedsl.py --y-scale 0.05    # Y as FP8 E4M3 (sm_89+)
 
 Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage
 or environment error.
@@ -57,10 +58,15 @@ from rms_norm_plugin_cutedsl import UsageError
 OP_NAME = "rms_norm_cutedsl::rms_norm"
 # The residual form, a second op: (X, R, W) -> (Y, S = X + R), S rounded to X's dtype.
 FUSED_OP_NAME = "rms_norm_cutedsl::add_rms_norm"
+# The FP8 form of each: Y is FP8 E4M3 of y / y_scale (S stays in X's dtype).
+FP8_OP_NAME = "rms_norm_cutedsl::rms_norm_fp8"
+FUSED_FP8_OP_NAME = "rms_norm_cutedsl::add_rms_norm_fp8"
 
 
-def op_name(residual: bool) -> str:
-    """The op of the plain or the residual form."""
+def op_name(residual: bool, fp8: bool = False) -> str:
+    """The op of the plain or the residual form, with Y in X's dtype or in FP8."""
+    if fp8:
+        return FUSED_FP8_OP_NAME if residual else FP8_OP_NAME
     return FUSED_OP_NAME if residual else OP_NAME
 
 
@@ -77,6 +83,18 @@ def op_name(residual: bool) -> str:
 
 # 8.0 needs a driver of R525 (CUDA 12.0) or newer; 8.6 and 8.7 (Blackwell) R570 or newer.
 AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
+# The FP8 form's cvt to E4M3 came with ISA 7.8 for sm_90 but only with 8.1 (R530) for
+# sm_89: ptxas refuses it there at 8.0. sm_80 and sm_86 have no FP8 conversion at all.
+AOT_FP8_PTX_ISA = {"sm_89": "8.1", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
+
+
+def check_aot_arch(arch: str, fp8: bool = False):
+    """Raise UsageError unless the AOT flavor has a PTX version for `arch`, in the FP8 form too."""
+    if arch not in AOT_PTX_ISA:
+        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+    if fp8 and arch not in AOT_FP8_PTX_ISA:
+        raise UsageError(f"the FP8 form (--y-scale) needs sm_89 or newer, which convert to FP8 "
+                         f"in hardware, got {arch}")
 
 
 # A kernel gets more than 48 KB of dynamic shared memory only once its launcher
@@ -99,21 +117,25 @@ def aot_plan(hidden: int, elem_bytes: int, residual: bool = False):
 
 
 def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32",
-               residual: bool = False):
+               residual: bool = False, y_scale: float | None = None):
     """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
 
     One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every
     token count, launched with a grid and a block only. residual: the fused form, PTX
-    parameters (X, R, W, num_tokens, Y, S).
+    parameters (X, R, W, num_tokens, Y, S). y_scale: the FP8 form, baked in as epsilon is;
+    the parameters stay the same, Y pointing at FP8.
     """
-    if arch not in AOT_PTX_ISA:
-        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+    fp8 = y_scale is not None
+    check_aot_arch(arch, fp8)
     plan = aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
     # compile_launcher, not compile_rms_norm: the latter plans without the 48 KB rule above.
     schedule = ((plan, ((None, None),)),)
     epsilon = sample.validate_epsilon(epsilon)
-    ptx = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, keep_ptx=True).__ptx__
-    ptx = re.sub(r"^\.version \d+\.\d+$", f".version {AOT_PTX_ISA[arch]}", ptx, count=1, flags=re.M)
+    if fp8:
+        y_scale = sample.validate_y_scale(y_scale)
+    compiled = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, True, y_scale)
+    isa = AOT_FP8_PTX_ISA[arch] if fp8 else AOT_PTX_ISA[arch]
+    ptx = re.sub(r"^\.version \d+\.\d+$", f".version {isa}", compiled.__ptx__, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
     return name, ptx, plan
 
@@ -156,7 +178,9 @@ def aot_launch_dims(plan, num_tokens):
 # list, in the same order, in the three functions of each op below.
 #
 # The residual form is an op of its own, not an attribute of one op: an op's
-# inputs and outputs are fixed by the signature tensorrt.plugin reads.
+# inputs and outputs are fixed by the signature tensorrt.plugin reads. The FP8
+# form is one too, since Y's dtype must not depend on an attribute's value; its
+# y_scale is a float32 array baked into the PTX, for epsilon's reasons.
 
 _REGISTERED = False
 
@@ -175,11 +199,12 @@ def register_aot_op(arch: str):
 
     names = {getattr(trt.DataType, row.trt): name for name, row in sample.DTYPES.items()}
     Epsilon = npt.NDArray[np.float32]  # see above: an array attribute, not a float
+    YScale = npt.NDArray[np.float32]  # the same, for the FP8 form's scale
     AotResult = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
 
-    def aot_result(op: str, x, w, epsilon, r=None) -> AotResult:
+    def aot_result(op: str, x, w, epsilon, r=None, y_scale=None) -> AotResult:
         """What aot_impl returns at build time per dtype combination: kernel name, PTX,
-        launch dims, extra args. r: R's desc in the residual form."""
+        launch dims, extra args. r: R's desc in the residual form; y_scale: the FP8 form's."""
         hidden_expr = x.shape_expr[1]
         if not hidden_expr.is_constant:
             raise ValueError(f"{op}: the hidden dimension must be static "
@@ -191,8 +216,9 @@ def register_aot_op(arch: str):
             same = r_hidden.is_constant and r_hidden.constant_value() == hidden
             if len(r.shape_expr) != 2 or not same:
                 raise ValueError(f"{op}: R must have X's shape [num_tokens, {hidden}]")
+        scale = None if y_scale is None else float(y_scale[0])
         name, ptx, plan = aot_kernel(names[x.dtype], hidden, float(epsilon[0]), arch,
-                                     names[w.dtype], residual=r is not None)
+                                     names[w.dtype], residual=r is not None, y_scale=scale)
         num_tokens = x.shape_expr[0]
         grid, block, smem = aot_launch_dims(plan, num_tokens)
         launch = trtp.KernelLaunchParams()
@@ -244,14 +270,65 @@ def register_aot_op(arch: str):
         """As rms_norm_aot, for the residual form's kernel."""
         return aot_result(FUSED_OP_NAME, x, w, epsilon, r)
 
+    def fp8_desc(x: trtp.TensorDesc) -> trtp.TensorDesc:
+        """Y of an FP8 op: X's shape, FP8's dtype (like() returns a desc whose dtype may be set)."""
+        y = x.like()
+        y.dtype = trt.DataType.FP8
+        return y
+
+    @trtp.register(FP8_OP_NAME)
+    def rms_norm_fp8_desc(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                          y_scale: YScale) -> trtp.TensorDesc:
+        """Called when the network is built: Y has X's shape, in FP8."""
+        return fp8_desc(x)
+
+    @trtp.autotune(FP8_OP_NAME)
+    def rms_norm_fp8_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                             y_scale: YScale, outputs: Tuple[trtp.TensorDesc]
+                             ) -> List[trtp.AutoTuneCombination]:
+        """Called by the builder: X and W as the plain op's, Y always FP8; linear."""
+        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP8", "LINEAR")]
+
+    @trtp.aot_impl(FP8_OP_NAME)
+    def rms_norm_fp8_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
+                         y_scale: YScale, outputs: Tuple[trtp.TensorDesc], tactic: int
+                         ) -> AotResult:
+        """Called at build time per dtype combination: as rms_norm_aot, y_scale baked in."""
+        return aot_result(FP8_OP_NAME, x, w, epsilon, y_scale=y_scale)
+
+    @trtp.register(FUSED_FP8_OP_NAME)
+    def add_rms_norm_fp8_desc(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                              epsilon: Epsilon, y_scale: YScale
+                              ) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:
+        """Called when the network is built: Y in FP8, S in X's dtype, both X's shape."""
+        return fp8_desc(x), x.like()
+
+    @trtp.autotune(FUSED_FP8_OP_NAME)
+    def add_rms_norm_fp8_formats(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                                 epsilon: Epsilon, y_scale: YScale,
+                                 outputs: Tuple[trtp.TensorDesc]
+                                 ) -> List[trtp.AutoTuneCombination]:
+        """Called by the builder: X, R and S of one dtype, any W, Y always FP8; linear."""
+        rows = "FP16|BF16|FP32"
+        io_types = f"{rows}, {rows}, FP32*FP16*BF16, FP8, {rows}"
+        return [trtp.AutoTuneCombination(io_types, "LINEAR")]
+
+    @trtp.aot_impl(FUSED_FP8_OP_NAME)
+    def add_rms_norm_fp8_aot(x: trtp.TensorDesc, r: trtp.TensorDesc, w: trtp.TensorDesc,
+                             epsilon: Epsilon, y_scale: YScale,
+                             outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+        """Called at build time per dtype combination: as add_rms_norm_aot, y_scale baked in."""
+        return aot_result(FUSED_FP8_OP_NAME, x, w, epsilon, r, y_scale)
+
     _REGISTERED = True
 
 
 def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                     w_dtype: str = "float32", residual: bool = False):
+                     w_dtype: str = "float32", residual: bool = False, y_scale: float | None = None):
     """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself.
 
     Its tensors are named as the sample's (io_names): X, W -> Y, or with `residual` X, R, W -> Y, S.
+    y_scale: the FP8 op, Y in FP8 E4M3.
     """
     import numpy as np
     import tensorrt as trt
@@ -259,8 +336,8 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     from polygraphy.backend.trt import create_network
 
     arch = sample.gpu_arch()
-    if arch not in AOT_PTX_ISA:  # refuse before TensorRT calls aot_impl, where an error is only a log line
-        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+    # Refused before TensorRT calls aot_impl, where an error is only a log line.
+    check_aot_arch(arch, fp8=y_scale is not None)
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
     input_names, output_names = sample.io_names(residual)
@@ -268,9 +345,13 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
     w_type = getattr(trt.DataType, sample.DTYPES[w_dtype].trt)
     inputs = [network.add_input(name, w_type, (hidden,)) if name == "W"
               else network.add_input(name, x_type, (-1, hidden)) for name in input_names]
-    op = trtp.op.rms_norm_cutedsl.add_rms_norm if residual else trtp.op.rms_norm_cutedsl.rms_norm
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
-    layer = network.add_plugin(op(*inputs, epsilon=eps), aot=True)
+    attrs = {"epsilon": eps}
+    if y_scale is not None:
+        attrs["y_scale"] = np.array([y_scale], dtype=np.float32)
+    # trtp.op.rms_norm_cutedsl.<name>: the op registered as "rms_norm_cutedsl::<name>".
+    op = getattr(trtp.op.rms_norm_cutedsl, op_name(residual, y_scale is not None).split("::")[1])
+    layer = network.add_plugin(op(*inputs, **attrs), aot=True)
     for i, name in enumerate(output_names):
         output = layer.get_output(i)
         output.name = name
@@ -317,15 +398,18 @@ def main(argv=None) -> int:
     if args.plans:
         print(f"every token count: {plan.describe()}")
         return sample.EXIT_CORRECT
-    record = saved.engine_record(args, "aot", op_name(args.residual))
+    fp8 = args.y_scale is not None
+    record = saved.engine_record(args, "aot", op_name(args.residual, fp8))
     data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
         with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
             return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                                    args.epsilon, args.weight_dtype, args.residual)
+                                    args.epsilon, args.weight_dtype, args.residual, args.y_scale)
 
     def make_engine(args):
+        if fp8:  # refused before TensorRT loads or builds anything
+            check_aot_arch(sample.gpu_arch(), fp8=True)
         check_aot_support()
         print(f"AOT kernel, every token count: {plan.describe()}")
         if args.engine is None:

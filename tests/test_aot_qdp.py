@@ -101,22 +101,33 @@ def load_tensorrt_plugin(plugin_dir: pathlib.Path, trt, monkeypatch):
     return package
 
 
-@pytest.fixture(params=VERSIONS)
-def trtp(request, bindings_wheels, monkeypatch):
-    """(double tensorrt, real tensorrt.plugin) with the AOT op registered, for each TensorRT version."""
-    trt = trt_qdp_double.make_tensorrt(request.param)
-    package = load_tensorrt_plugin(bindings_wheels(request.param), trt, monkeypatch)
+def registered(plugin_dir, version, arch, monkeypatch):
+    """(double tensorrt, real tensorrt.plugin) with the AOT ops registered for `arch`."""
+    trt = trt_qdp_double.make_tensorrt(version)
+    package = load_tensorrt_plugin(plugin_dir, trt, monkeypatch)
     monkeypatch.setattr(aot, "_REGISTERED", False)
-    aot.register_aot_op(ARCH)
+    aot.register_aot_op(arch)
     return trt, package
 
 
-def built_aot_plugin(trt, trtp, epsilon, residual=False):
+@pytest.fixture(params=VERSIONS)
+def trtp(request, bindings_wheels, monkeypatch):
+    """(double tensorrt, real tensorrt.plugin) with the AOT op registered, for each TensorRT version."""
+    return registered(bindings_wheels(request.param), request.param, ARCH, monkeypatch)
+
+
+def built_aot_plugin(trt, trtp, epsilon, residual=False, y_scale=None):
     """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT.
-    residual: the fused op's, op(x, r, w, epsilon=...)."""
-    op = trtp.op.rms_norm_cutedsl.add_rms_norm if residual else trtp.op.rms_norm_cutedsl.rms_norm
-    eps = np.array([epsilon], dtype=np.float32)
-    make = op(*(trt.ITensor() for _ in range(3 if residual else 2)), epsilon=eps)
+    residual: the fused op's, op(x, r, w, epsilon=...); y_scale: the FP8 op's, op(..., y_scale=...)."""
+    ops = trtp.op.rms_norm_cutedsl
+    if y_scale is None:
+        op = ops.add_rms_norm if residual else ops.rms_norm
+        attrs = {"epsilon": np.array([epsilon], dtype=np.float32)}
+    else:
+        op = ops.add_rms_norm_fp8 if residual else ops.rms_norm_fp8
+        attrs = {"epsilon": np.array([epsilon], dtype=np.float32),
+                 "y_scale": np.array([y_scale], dtype=np.float32)}
+    make = op(*(trt.ITensor() for _ in range(3 if residual else 2)), **attrs)
     _, _, plugin = make(trt.QuickPluginCreationRequest.STRICT_AOT)
     return plugin
 
@@ -128,9 +139,11 @@ def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
     return desc
 
 
-def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None):
+def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None, y_type=None):
     """Drive the plugin through a build's calls; returns (output shape exprs, formats, launch params, extra args,
-    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless r_shape."""
+    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless r_shape.
+    y_type: Y's dtype where it is not X's (the FP8 ops)."""
+    y_type = io_type if y_type is None else y_type
     w_type = trt.DataType.FLOAT if w_type is None else w_type
     builder = trt.IExprBuilder()
     tokens = trt_qdp_double.SymbolicDim("num_tokens")
@@ -141,13 +154,14 @@ def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=Fals
     in_dims = row_dims + [trt.DimsExprs([builder.constant(hidden)])]
     num_inputs, num_outputs = len(in_dims), len(row_dims)
     types = [io_type] * len(row_dims) + [w_type]
-    assert plugin.get_output_data_types(types, [len(d) for d in in_dims]) == [io_type] * num_outputs
+    out_types = [y_type] + [io_type] * (num_outputs - 1)
+    assert plugin.get_output_data_types(types, [len(d) for d in in_dims]) == out_types
     out_dims = plugin.get_output_shapes(in_dims, [], builder)
 
-    def rows():
-        return io_desc(trt, io_type, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))
+    def rows(dtype=io_type):
+        return io_desc(trt, dtype, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))
 
-    in_out = [rows() for _ in row_dims] + [io_desc(trt, w_type, (hidden,))] + [rows() for _ in range(num_outputs)]
+    in_out = [rows() for _ in row_dims] + [io_desc(trt, w_type, (hidden,))] + [rows(t) for t in out_types]
     formats = plugin.get_supported_format_combinations(in_out, num_inputs)
     plugin.configure_plugin(in_out[:num_inputs], in_out[num_inputs:])
     plugin.set_tactic(0)
@@ -276,13 +290,15 @@ def test_a_dynamic_hidden_size_is_refused(trtp):
         build(trt, plugin, 1024, trt.DataType.HALF, x_shape=dynamic)
 
 
-@pytest.mark.parametrize("op", [aot.OP_NAME, aot.FUSED_OP_NAME])
-def test_every_registered_attribute_reaches_aot_impl(trtp, op):
+@pytest.mark.parametrize("op, attrs", [(aot.OP_NAME, ["epsilon"]), (aot.FUSED_OP_NAME, ["epsilon"]),
+                                       (aot.FP8_OP_NAME, ["epsilon", "y_scale"]),
+                                       (aot.FUSED_FP8_OP_NAME, ["epsilon", "y_scale"])])
+def test_every_registered_attribute_reaches_aot_impl(trtp, op, attrs):
     """get_launch_params passes all registered attributes positionally: the lists must stay equal."""
     trt, package = trtp
     definition = package._lib.QDP_REGISTRY[op]
     assert list(definition.input_attrs) == definition.aot_impl_attr_names == definition.autotune_attr_names
-    assert list(definition.input_attrs) == ["epsilon"]
+    assert list(definition.input_attrs) == attrs
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
@@ -300,3 +316,79 @@ def test_tensorrt_10_8_is_refused_with_the_version_needed(bindings_wheels, monke
     with pytest.raises(sample.UsageError, match=r"TensorRT 10\.8\.0\.43 .*10\.9 or newer"):
         aot.check_aot_support()
 
+
+
+# The FP8 ops: Y as FP8 E4M3 of y / y_scale, the launch the other ops' (Y is not staged, so the plan is theirs).
+Y_SCALE = 0.375  # 1 / y_scale = 8 / 3, not a power of two: an immediate the PTX holds only in this form
+FP8_CASES = [(1024, "HALF", "FLOAT"), (1024, "BF16", "BF16"), (1024, "FLOAT", "HALF"), (4096, "HALF", "FLOAT"),
+             (2048, "FLOAT", "FLOAT")]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("hidden, io, w", FP8_CASES)
+def test_tensorrt_plugin_builds_the_fp8_aot_ops(trtp, residual, hidden, io, w):
+    """rms_norm_fp8: (X, W) -> Y in FP8; add_rms_norm_fp8: (X, R, W) -> (Y in FP8, S in X's dtype). Y is FP8
+    in every format combination, the PTX stores it through the saturating E4M3 cvt with y_scale baked in."""
+    trt, package = trtp
+    io_type, w_type, fp8 = getattr(trt.DataType, io), getattr(trt.DataType, w), trt.DataType.FP8
+    plugin = built_aot_plugin(trt, package, EPS, residual, y_scale=Y_SCALE)
+    out_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type,
+                                                          residual=residual, y_type=fp8)
+
+    assert len(out_dims) == (2 if residual else 1)
+    for dims in out_dims:
+        assert dims[1].is_constant() and dims[1].get_constant_value() == hidden
+        assert not dims[0].is_constant()
+    width = 5 if residual else 3
+    combos = {tuple(d.type for d in formats[i:i + width]) for i in range(0, len(formats), width)}
+    if residual:
+        expected = {tuple(getattr(trt.DataType, t) for t in (x, x, w_)) + (fp8, getattr(trt.DataType, x))
+                    for x in TYPES for w_ in TYPES}
+    else:
+        expected = {(getattr(trt.DataType, x), getattr(trt.DataType, w_), fp8) for x in TYPES for w_ in TYPES}
+    assert combos == expected, "X (R, S) of one dtype, any W, Y FP8: nine combinations"
+    assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
+
+    ptx = ptx.decode()
+    (entry,) = re.findall(rf"^\.visible \.entry {name}\(([^)]*)\)", ptx, re.M)
+    pointers = ["u64"] * (3 if residual else 2) + ["u32"] + ["u64"] * (2 if residual else 1)
+    assert re.findall(r"\.param \.(\w+)", entry) == pointers
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert f32_literal(1 / Y_SCALE) in ptx and f32_literal(EPS) in ptx, "y_scale and epsilon baked in"
+    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M) and re.search(r"^\.version 8\.0$", ptx, re.M)
+
+    table = FUSED_LAUNCH if residual else LAUNCH
+    rows_per_cta, block, smem = table[hidden, 4 if io == "FLOAT" else 2]
+    assert launch.block_x.expr.get_constant_value() == block
+    assert launch.shared_mem.expr.get_constant_value() == smem
+    for tokens in (1, 37, 512):
+        assert launch.grid_x.expr.evaluate(num_tokens=tokens) == -(-tokens // rows_per_cta)
+    assert extra.nbSymExprs == 1 and extra[0].dtype == trt.PluginArgDataType.INT32
+    assert extra[0].expr.evaluate(num_tokens=37) == 37
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
+def test_the_fp8_ops_refuse_a_gpu_without_fp8_in_one_sentence(bindings_wheels, monkeypatch, residual):
+    """Registered for sm_80, the FP8 op's aot_impl refuses with one sentence naming sm_89 (a build on such a
+    GPU stops before this: build_aot_engine asks check_aot_arch first)."""
+    trt, package = registered(bindings_wheels(PINNED), PINNED, "sm_80", monkeypatch)
+    plugin = built_aot_plugin(trt, package, EPS, residual, y_scale=Y_SCALE)
+    with pytest.raises(sample.UsageError, match=r"^the FP8 form \(--y-scale\) needs sm_89 or newer, which "
+                                                r"convert to FP8 in hardware, got sm_80$"):
+        build(trt, plugin, 1024, trt.DataType.HALF, residual=residual, y_type=trt.DataType.FP8)
+
+
+@pytest.mark.parametrize("y_scale", [0.5, None], ids=["fp8", "plain"])
+def test_build_aot_engine_refuses_the_fp8_form_on_sm_80_before_building(bindings_wheels, monkeypatch, y_scale):
+    """On a GPU without FP8, build_aot_engine refuses the FP8 op in one sentence before it registers an op or
+    makes a network (TensorRT would only log aot_impl's error); the plain op goes on to build."""
+    trt, _ = registered(bindings_wheels(PINNED), PINNED, ARCH, monkeypatch)
+    monkeypatch.setattr(sample, "gpu_arch", lambda: "sm_80")  # double: there is no GPU to ask
+
+    def register_aot_op(arch):  # double: the first step of a build
+        raise RuntimeError(f"building for {arch}")
+
+    monkeypatch.setattr(aot, "register_aot_op", register_aot_op)
+    expected = (sample.UsageError, "the FP8 form") if y_scale is not None else (RuntimeError, "building for sm_80")
+    with pytest.raises(expected[0], match=expected[1]):
+        aot.build_aot_engine(1024, "float16", 1, 128, 512, 1e-5, y_scale=y_scale)
