@@ -169,6 +169,8 @@ except ImportError as exc:
 DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
 # The plugin node's attribute that selects its fused form: 1 takes [X, R, W], writes [Y, S = X + R].
 RESIDUAL_ATTRIBUTE = "residual"
+# Its FP8 form: quantize=1 writes Y as FLOAT8E4M3FN, y / y_scale rounded (nearest even) and saturated.
+QUANTIZE_ATTRIBUTE, Y_SCALE_ATTRIBUTE = "quantize", "y_scale"
 
 
 # %% [1] Load: check by path, keep the weights where they are -------------------
@@ -194,6 +196,7 @@ def declare_schemas():
         return onnx.defs.OpSchema.Attribute(name, onnx.helper.make_attribute(name, value), "")
 
     floats = ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"]
+    fp8 = ["tensor(float8e4m3fn)"]  # the plugin's Y in its FP8 form (quantize=1)
     # The plugin's two forms are [X, W] -> [Y] and, fused, [X, R, W] -> [Y, S]. A schema binds a
     # node's inputs to its parameters by position, and an absent optional one is written as "", so
     # an optional R between X and W would bind the plain form's W to R. X and then a variadic list,
@@ -202,15 +205,18 @@ def declare_schemas():
                 [parameter("Y", "V"), parameter("inv_std_var", "U", "Optional")],
                 [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
                (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
-                [parameter("Y", "T"), parameter("S", "T", "Optional")],
+                [parameter("Y", "Q"), parameter("S", "T", "Optional")],
                 [attribute("epsilon", sample.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
+                 attribute(QUANTIZE_ATTRIBUTE, 0),
+                 onnx.defs.OpSchema.Attribute(Y_SCALE_ATTRIBUTE, onnx.defs.OpSchema.AttrType.FLOAT, "",
+                                              required=False),  # no default: absent unless quantize=1
                  attribute("plugin_version", sample.PLUGIN_VERSION),
                  attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
     for name, inputs, outputs, attributes in schemas:
         if not onnx.defs.has(name):
             onnx.defs.register_schema(onnx.defs.OpSchema(
                 name, "", 1, inputs=inputs, outputs=outputs, attributes=attributes,
-                type_constraints=[(t, floats, "") for t in ("T", "U", "V")]))
+                type_constraints=[(t, floats, "") for t in ("T", "U", "V")] + [("Q", floats + fp8, "")]))
 
 
 def load_model(path: str) -> ir.Model:
@@ -273,6 +279,8 @@ class Replaced:
     fused: str = ""    # the fused form: what it adds, for the report; "" where the node is alone
     alone: str = ""    # why the node is alone: its X is no Add of two like activations
     sum: str = ""      # S as the original names it, compared too; "" where it has no such tensor
+    y_scale: float = 0.0   # the FP8 form's scale, from the QuantizeLinear folded in; 0.0: Y in X's dtype
+    quantized: str = ""    # that QuantizeLinear's name; y then names its output, FP8 in both models
 
 
 def rms_normalization(op, x, skip, scale, epsilon):
@@ -545,6 +553,7 @@ def fuse_residual_adds(found: dict):
             fused=f"with the Add {node_name(add)}: S replaces its output '{total.name}'")
         ir.convenience.replace_nodes_and_values(graph, node, [node, add], [fused],
                                                 [node.outputs[0], total], list(fused.outputs))
+        found["nodes"][k] = fused  # where the FP8 fold looks next
         unread = cast is not None and not cast.outputs[0].uses()
         if unread and not cast.outputs[0].is_graph_output():
             graph.remove(cast)  # the Cast only fed the norm
@@ -553,8 +562,99 @@ def fuse_residual_adds(found: dict):
         graph.sort()
 
 
+# Then the FP8 form. A model quantized for FP8 matmuls (NVIDIA Model Optimizer
+# writes a QuantizeLinear -> DequantizeLinear pair before each MatMul's
+# activation) reads a norm's Y only through a QuantizeLinear to FLOAT8E4M3FN
+# with one constant scale. The plugin can write that FP8 tensor itself
+# (quantize=1, y_scale): Y is stored once, a byte an element, and no Quantize
+# reads it again. The Quantize goes and the plugin's Y takes its output's
+# name, so its readers (the DequantizeLinear) stay as they are. Y must have no
+# other reader, which would need Y in X's dtype.
+
+def quantize_after(node: ir.Node):
+    """(the QuantizeLinear reading the plugin node's Y, the Cast between them or None), else (None, None).
+
+    Y reaches it directly or through the Cast the rewrite appended (Y in the scale's dtype, as
+    ONNX's op writes it); the plugin's FP8 Y replaces both.
+    """
+    y, cast = node.outputs[0], None
+    readers = [user for user, _ in y.uses()]
+    if len(readers) == 1 and readers[0].op_type == "Cast" and readers[0].name.endswith("/to_scale_dtype"):
+        cast, y = readers[0], readers[0].outputs[0]
+    quantizes = [user for user, index in y.uses()
+                 if user.op_type == "QuantizeLinear" and user.domain in ("", "ai.onnx") and index == 0]
+    return (quantizes[0], cast) if quantizes else (None, None)
+
+
+def why_not_folded(y: ir.Value, quantize: ir.Node) -> str | None:
+    """None if the plugin's FP8 form writes what `quantize` makes of Y, else why not (one clause)."""
+    others = [user for user, _ in y.uses() if user is not quantize]
+    if y.is_graph_output():
+        return f"Y '{y.name}' is also a graph output, which needs Y in X's dtype"
+    if others:
+        return f"Y '{y.name}' has {len(others)} other reader(s) (a {others[0].op_type} among them), " \
+               "which need Y in X's dtype"
+    scale = constant(quantize.inputs[1]) if len(quantize.inputs) > 1 else None
+    zero = quantize.inputs[2] if len(quantize.inputs) > 2 else None
+    block_size = quantize.attributes.get_int("block_size", 0)
+    if block_size:
+        return f"it quantizes in blocks of {block_size}; the plugin takes one scale"
+    if scale is None:
+        return "its scale is not a constant"
+    if scale.size != 1 or scale.ndim > 1:
+        axis = quantize.attributes.get_int("axis", 1)
+        return f"its scale has shape {list(scale.shape)} (per axis {axis}); the plugin takes one scalar scale"
+    if zero is not None:
+        zero_point = constant(zero)
+        if zero_point is None:
+            return "its zero point is not a constant"
+        if np.any(zero_point.astype(np.float64) != 0):
+            return f"its zero point is {zero_point.astype(np.float64).ravel()[0]:g}, not 0"
+    output = quantize.outputs[0].dtype
+    if output is None:  # inference left it out: the zero point's type, else output_dtype, else UINT8
+        output = zero.dtype if zero is not None and zero.dtype is not None else ir.DataType(
+            quantize.attributes.get_int("output_dtype", 0) or ir.DataType.UINT8)
+    if output != ir.DataType.FLOAT8E4M3FN:
+        return f"it quantizes to {output.name}; the plugin writes FLOAT8E4M3FN only"
+    if quantize.attributes.get_int("saturate", 1) != 1:
+        return "it has saturate=0 (out-of-range values become NaN); the plugin saturates at 448"
+    try:
+        sample.validate_y_scale(float(scale.ravel()[0]))
+    except ValueError:
+        return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the plugin requires"
+    return None
+
+
+def fold_quantizes(found: dict):
+    """Make each plugin node whose Y only a FLOAT8E4M3FN QuantizeLinear reads the FP8 form, or record why not."""
+    for k, (record, node) in enumerate(zip(found["replaced"], found["nodes"])):
+        quantize, cast = quantize_after(node)
+        if quantize is None:
+            continue
+        name = node_name(quantize)
+        why = why_not_folded(quantize.inputs[0], quantize) or (
+            f"the Cast to the scale's dtype between has other readers" if cast is not None
+            and len(node.outputs[0].uses()) != 1 else None)
+        if why:
+            found["left"][name] = f"a QuantizeLinear after {record.name}, not folded: {why}"
+            continue
+        y_scale = sample.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
+        attributes = {key: attribute.value for key, attribute in node.attributes.items()}
+        folded = ir.node(sample.PLUGIN_NAME, list(node.inputs),
+                         {**attributes, QUANTIZE_ATTRIBUTE: 1, Y_SCALE_ATTRIBUTE: y_scale},
+                         num_outputs=len(node.outputs), name=node.name)
+        old = [quantize.outputs[0], *node.outputs[1:]]
+        ir.convenience.replace_nodes_and_values(node.graph, node, [node, quantize, *filter(None, [cast])],
+                                                [folded], old, list(folded.outputs))
+        found["nodes"][k] = folded
+        found["replaced"][k] = dataclasses.replace(  # an appended Cast went with the Quantize
+            record, y=folded.outputs[0].name, y_scale=y_scale, quantized=name,
+            cast="" if record.cast == "appended" else record.cast)
+
+
 def rewrite_model(model: ir.Model):
-    """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm left to TensorRT: why}).
+    """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm, or of a QuantizeLinear
+    after one that stays, left to TensorRT: why}).
 
     TensorRT's ONNX parser builds a node whose op type it does not know from
     the plugin registry: the creator named like the op, its version and
@@ -567,6 +667,7 @@ def rewrite_model(model: ir.Model):
         pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
                                commute=True).apply_to_model(model)
     fuse_residual_adds(found)
+    fold_quantizes(found)
     # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
     # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
     for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
@@ -591,10 +692,12 @@ def print_report(replaced: list, left: dict):
     for heading, nodes in groups:
         print(f"{heading} {sample.PLUGIN_NAME} ({len(nodes)}):")
         for node in nodes:
-            cast = {"absorbed": ", absorbing the Cast back",
+            cast = {"absorbed": ", absorbing the Cast back",  # (a folded node has no appended Cast)
                     "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
+            fp8 = f", Y FP8 E4M3 by folding {node.quantized} (y_scale {node.y_scale:g})" if node.quantized \
+                else ""
             print(f"  {node.name}: {node.form}, X {node.dtype}, scale {node.scale_dtype}, epsilon "
-                  f"{node.epsilon:g}{cast}; {node.fused or 'alone: ' + node.alone}")
+                  f"{node.epsilon:g}{cast}{fp8}; {node.fused or 'alone: ' + node.alone}")
     print(f"Left to TensorRT ({len(left)}):")
     for name, why in left.items():
         print(f"  {name}: {why}")
