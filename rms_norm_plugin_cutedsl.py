@@ -1354,20 +1354,41 @@ def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
     raise ValueError(f"{PLUGIN_NAME}: {tensor} must be {choices}, got {trt_type}")
 
 
-def plugin_fields(epsilon: float, residual: bool):
-    """(fields, the arrays they point into): epsilon, and the form (1: residual).
+def plugin_fields(epsilon: float, residual: bool, y_scale: float | None = None):
+    """(fields, the arrays they point into): epsilon, the form, Y's quantization.
 
-    A trt.PluginField does not own its buffer, so the caller must keep the
-    arrays alive as long as TensorRT may read the fields.
+    residual 1: the fused form. quantize 1: Y in FP8 E4M3, with y_scale (only
+    then given). A trt.PluginField does not own its buffer, so the caller must
+    keep the arrays alive as long as TensorRT may read the fields.
     """
     require_tensorrt()  # plugin_network starts here
-    epsilon_buffer = np.array([epsilon], dtype=np.float32)
-    residual_buffer = np.array([int(residual)], dtype=np.int32)
+    values = {
+        "epsilon": np.array([epsilon], dtype=np.float32),
+        "residual": np.array([int(residual)], dtype=np.int32),
+        "quantize": np.array([int(y_scale is not None)], dtype=np.int32),
+    }
+    if y_scale is not None:
+        values["y_scale"] = np.array([y_scale], dtype=np.float32)
+    types = {np.float32: trt.PluginFieldType.FLOAT32, np.int32: trt.PluginFieldType.INT32}
     fields = trt.PluginFieldCollection([
-        trt.PluginField("epsilon", epsilon_buffer, trt.PluginFieldType.FLOAT32),
-        trt.PluginField("residual", residual_buffer, trt.PluginFieldType.INT32),
+        trt.PluginField(name, array, types[array.dtype.type]) for name, array in values.items()
     ])
-    return fields, (epsilon_buffer, residual_buffer)
+    return fields, tuple(values.values())
+
+
+def fp8_refusal() -> str | None:
+    """Why this GPU cannot store an FP8 Y (no FP8 conversions before sm_89), or None.
+
+    A build without a visible GPU (TensorRT-RTX builds on the CPU) is not
+    refused here: compile_rms_norm refuses at run time on such a GPU.
+    """
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) >= (8, 9):
+        return None
+    return (f"{PLUGIN_NAME}: the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
+            f"{torch.cuda.get_device_name()} has {major}.{minor}")
 
 
 def io_names(residual: bool) -> tuple:
@@ -1395,10 +1416,12 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
     """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis of X [..., hidden].
 
     The residual form takes (X, R, W) and returns (Y, S): S = X + R in X's
-    dtype, the next layer's residual, and Y the norm of S.
+    dtype, the next layer's residual, and Y the norm of S. The FP8 form (a
+    y_scale) stores Y as FP8 E4M3 of y / y_scale, as a QuantizeLinear would.
     """
 
-    def __init__(self, epsilon: float = DEFAULT_EPSILON, residual: bool = False):
+    def __init__(self, epsilon: float = DEFAULT_EPSILON, residual: bool = False,
+                 y_scale: float | None = None):
         """Called by the creator's create_plugin and by clone()."""
         require_tensorrt()
         # TensorRT's Python plugins must initialize each base explicitly.
@@ -1411,12 +1434,11 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         self.plugin_namespace = PLUGIN_NAMESPACE
         self.epsilon = validate_epsilon(epsilon)
         self.residual = bool(residual)
+        self.y_scale = None if y_scale is None else validate_y_scale(y_scale)
         self._inputs, self._outputs = io_names(self.residual)
         self.num_outputs = len(self._outputs)
-        fields, (epsilon_buffer, residual_buffer) = plugin_fields(self.epsilon, self.residual)
-        self._fields = fields
-        self._epsilon_buffer = epsilon_buffer  # the fields point into both
-        self._residual_buffer = residual_buffer
+        # The fields point into the buffers: both live as long as the plugin.
+        self._fields, self._buffers = plugin_fields(self.epsilon, self.residual, self.y_scale)
         # One execution context's state, never stored in the engine:
         self._kernel = None  # the compiled launcher
         self._io = None  # the (X dtype, hidden, W dtype) it serves
@@ -1430,17 +1452,26 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
 
     def clone(self):
         """Build and run time: the same attributes, empty run-time state."""
-        return RmsNormPlugin(self.epsilon, self.residual)
+        return RmsNormPlugin(self.epsilon, self.residual, self.y_scale)
 
     def get_output_data_types(self, input_types):
-        """Build time, network definition: Y (and S) have X's dtype."""
+        """Build time, network definition: Y has X's dtype, or FP8; S has X's."""
         x_type = input_types[0]
         dtype_name(x_type, "X", ACTIVATION_DTYPES)
         dtype_name(input_types[-1], "W", WEIGHT_DTYPES)
         if self.residual and input_types[1] != x_type:
             raise ValueError(f"{PLUGIN_NAME}: R must have X's dtype {x_type}, "
                              f"got {input_types[1]}")
-        return [x_type] * self.num_outputs
+        if self.y_scale is None:
+            return [x_type] * self.num_outputs
+        refusal = fp8_refusal()
+        if refusal:
+            raise ValueError(refusal)
+        return [self._y_type()] + [x_type] * (self.num_outputs - 1)
+
+    def _y_type(self):
+        """Y's TensorRT dtype in the FP8 form."""
+        return getattr(trt.DataType, DTYPES[Y_FP8].trt)
 
     def get_output_shapes(self, inputs, shape_inputs, expr_builder):
         """Build time: Y (and S) have X's symbolic shape, X [..., hidden]."""
@@ -1467,11 +1498,13 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         return [trt.DimsExprs(x_dims) for _ in self._outputs]
 
     def supports_format_combination(self, pos, in_out, num_inputs):
-        """Build time, per I/O slot: all linear; X and W of their dtypes, the rest X's."""
+        """Build time, per I/O slot: all linear; X and W of their dtypes, Y FP8 or X's, S X's."""
         desc = in_out[pos].desc
         if desc.format != trt.TensorFormat.LINEAR:
             return False
         name = (self._inputs + self._outputs)[pos]
+        if name == "Y" and self.y_scale is not None:
+            return desc.type == self._y_type() and fp8_refusal() is None
         if name not in ("X", "W"):
             return desc.type == in_out[0].desc.type
         allowed = ACTIVATION_DTYPES if name == "X" else WEIGHT_DTYPES
@@ -1485,7 +1518,7 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         """Build and run time: there is no tactic to select."""
 
     def get_fields_to_serialize(self):
-        """Build time and engine save: epsilon and the form, the stored attributes."""
+        """Build time and engine save: epsilon, the form and y_scale, the stored attributes."""
         return self._fields
 
     def attach_to_context(self, context):
@@ -1502,7 +1535,7 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
             return  # a new token count: the launcher takes it at run time
         # Compiling is slow; enqueue, on the inference path, never does it.
         self._kernel = compile_rms_norm(dtype, hidden, self.epsilon, w_dtype=w_dtype,
-                                        residual=self.residual)
+                                        residual=self.residual, y_scale=self.y_scale)
         self._io = io
         self._device = torch.cuda.current_device()
         self._wrapped.clear()
@@ -1533,13 +1566,14 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         # Addresses that change on every call must not grow the cache.
         if len(self._wrapped) >= 256:
             self._wrapped.clear()
+        dtypes = {"W": w_dtype}
+        if self.y_scale is not None:
+            dtypes["Y"] = Y_FP8
         by_name = {}
         for name, address in zip(self._inputs + self._outputs, addresses):
-            if name == "W":
-                view = cute_tensor_from_pointer(address, (hidden,), w_dtype, device)
-            else:
-                view = cute_tensor_from_pointer(address, (num_tokens, hidden), dtype, device)
-            by_name[name] = view
+            shape = (hidden,) if name == "W" else (num_tokens, hidden)
+            name_dtype = dtypes.get(name, dtype)
+            by_name[name] = cute_tensor_from_pointer(address, shape, name_dtype, device)
         order = ("X", "W", "Y", "R", "S")[:3 + 2 * self.residual]
         tensors = tuple(by_name[name] for name in order)
         self._wrapped[addresses] = tensors
@@ -1556,16 +1590,15 @@ class RmsNormPluginCreator(trt.IPluginCreatorV3One):
         self.name = PLUGIN_NAME
         self.plugin_version = PLUGIN_VERSION
         self.plugin_namespace = PLUGIN_NAMESPACE
-        # The fields create_plugin takes, with their defaults.
-        fields, (epsilon_buffer, residual_buffer) = plugin_fields(DEFAULT_EPSILON, False)
-        self.field_names = fields
-        self._default_epsilon = epsilon_buffer  # the fields point into both
-        self._default_residual = residual_buffer
+        # Every field create_plugin takes, with its type: the ONNX parser turns
+        # a node's attributes into fields of these types. The FP8 form's values
+        # are given only to list y_scale.
+        self.field_names, self._buffers = plugin_fields(DEFAULT_EPSILON, False, 1.0)
 
     def create_plugin(self, name, field_collection, phase):
         """Build time (network API, ONNX parser) and engine load: a plugin from its fields."""
         fields = {field.name: field for field in field_collection}
-        return RmsNormPlugin(epsilon_field(fields), residual_field(fields))
+        return RmsNormPlugin(epsilon_field(fields), residual_field(fields), y_scale_field(fields))
 
 
 def epsilon_field(fields: dict) -> float:
@@ -1597,6 +1630,35 @@ def residual_field(fields: dict) -> bool:
         return bool(field.data[0])
     raise ValueError(f"{PLUGIN_NAME}: field 'residual' must be one INT32 value, 0 (plain) "
                      f"or 1 (residual), got {got}")
+
+
+def y_scale_field(fields: dict) -> float | None:
+    """y_scale where the field 'quantize' is 1 (FP8 Y), None where it is 0 or absent."""
+    quantize = fields.get("quantize")
+    scale = fields.get("y_scale")
+    values = [0] if quantize is None else np.asarray(quantize.data).tolist()
+    int32 = quantize is None or quantize.type == trt.PluginFieldType.INT32
+    if values not in ([0], [1]) or not int32:
+        raise ValueError(f"{PLUGIN_NAME}: field 'quantize' must be one INT32 value, 0 (Y in "
+                         f"X's dtype) or 1 (Y in FP8), got {values}")
+    if values == [0]:
+        if scale is not None:
+            raise ValueError(f"{PLUGIN_NAME}: field 'y_scale' is given but 'quantize' is not 1, "
+                             "so Y would not be scaled")
+        return None
+    if scale is None:
+        got = "none"
+    elif scale.type != trt.PluginFieldType.FLOAT32:
+        got = f"a {scale.type} field"  # FLOAT16 and BF16 data cannot be read: see epsilon_field
+    elif len(scale.data) != 1:
+        got = f"{len(scale.data)} values"
+    if scale is None or scale.type != trt.PluginFieldType.FLOAT32 or len(scale.data) != 1:
+        raise ValueError(f"{PLUGIN_NAME}: quantize 1 (FP8 Y) needs one FLOAT32 field 'y_scale', "
+                         f"got {got}")
+    try:
+        return validate_y_scale(scale.data[0])
+    except ValueError as exc:
+        raise ValueError(f"{PLUGIN_NAME}: {exc}") from None
 
 
 # The registry does not keep a Python creator alive; this reference does.
@@ -1654,19 +1716,19 @@ def tensorrt_stage(stage: str):
 
 
 def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
-                   residual: bool = False):
+                   residual: bool = False, y_scale: float | None = None):
     """((builder, network), plugin): one plugin layer, its inputs the network's.
 
-    X, (R,) W in, Y (, S) out. The plugin comes from the registered creator,
-    as the ONNX parser gets it, so both ways of building go through
-    create_plugin.
+    X, (R,) W in, Y (, S) out; Y in FP8 with a y_scale. The plugin comes
+    from the registered creator, as the ONNX parser gets it, so both ways of
+    building go through create_plugin.
     """
     from polygraphy.backend.trt import create_network
 
     with tensorrt_stage("network definition"):
         builder, network = create_network(strongly_typed=True)
         # _buffers stay alive until create_plugin has copied the fields.
-        fields, _buffers = plugin_fields(epsilon, residual)
+        fields, _buffers = plugin_fields(epsilon, residual, y_scale)
         creator = register_creator()
         phase = trt.TensorRTPhase.BUILD
         plugin = creator.create_plugin("rms_norm", fields, phase)
@@ -1688,12 +1750,12 @@ def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
 
 
 def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
-                 residual: bool = False):
+                 residual: bool = False, y_scale: float | None = None):
     """The same network, from a one-node ONNX model of op type PLUGIN_NAME.
 
     TensorRT's parser asks the registry for the creator that the node's
     plugin_version and plugin_namespace name, and passes every other
-    attribute (here epsilon and residual) as a field.
+    attribute (epsilon, residual, and quantize with y_scale) as a field.
     """
     try:
         from onnx import TensorProto, helper
@@ -1707,10 +1769,15 @@ def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
     rows = ["num_tokens", hidden]
     input_names, output_names = io_names(residual)
 
+    types = {"W": w_type}
+    quantized = {}
+    if y_scale is not None:
+        types["Y"] = getattr(TensorProto, DTYPES[Y_FP8].onnx)
+        quantized = {"quantize": 1, "y_scale": float(y_scale)}
+
     def value_info(name):
-        if name == "W":
-            return helper.make_tensor_value_info(name, w_type, [hidden])
-        return helper.make_tensor_value_info(name, x_type, rows)
+        shape = [hidden] if name == "W" else rows
+        return helper.make_tensor_value_info(name, types.get(name, x_type), shape)
 
     node = helper.make_node(
         PLUGIN_NAME,
@@ -1719,6 +1786,7 @@ def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
         name="rms_norm",
         epsilon=float(epsilon),
         residual=int(residual),
+        **quantized,
         plugin_version=PLUGIN_VERSION,
         plugin_namespace=PLUGIN_NAMESPACE,
     )
@@ -1764,6 +1832,12 @@ Y_TOLERANCE = {
 }
 
 
+# An FP8 Y is the FP8 rounding of the float64 reference, except where that
+# reference lies so near the midpoint of two FP8 values that FP32's error
+# (below 2^-18, as above) may cross it: there either neighbour is right.
+FP8_MIDPOINT_BAND = 2.0**-16
+
+
 def make_inputs(num_tokens: int, hidden: int, dtype: str, seed: int,
                 w_dtype: str = "float32"):
     """Random X and W on the CPU, rounded to their dtypes, fixed by seed."""
@@ -1795,12 +1869,29 @@ def check_output(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float, dt
     return ok, float(np.max(err, initial=0.0))
 
 
+def check_quantized(y: np.ndarray, x: np.ndarray, w: np.ndarray, epsilon: float,
+                    y_scale: float):
+    """(all FP8 roundings of the reference, max abs error) for the FP8 form's Y, decoded."""
+    ref = rms_norm_reference(x, w, epsilon)
+    expected = quantize_reference(ref, y_scale)
+    # Rounding is monotonic: the values the band's two ends round to bound Y.
+    ends = (quantize_reference(ref * (1.0 - FP8_MIDPOINT_BAND), y_scale),
+            quantize_reference(ref * (1.0 + FP8_MIDPOINT_BAND), y_scale))
+    y = y.astype(np.float64)
+    within = (np.minimum(*ends) <= y) & (y <= np.maximum(*ends))
+    both_nan = np.isnan(y) & np.isnan(expected)
+    ok = bool(np.all(within | both_nan))
+    err = np.abs(np.where(both_nan, 0.0, y - expected))
+    return ok, float(np.max(err, initial=0.0))
+
+
 def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
-                  w_dtype="float32", residual=False) -> bool:
+                  w_dtype="float32", residual=False, y_scale=None) -> bool:
     """Run each token count through one context and compare with NumPy.
 
     The buffers and the stream are torch's, as in an application. In the
-    residual form S must equal X + R bit for bit, and Y is S's norm.
+    residual form S must equal X + R bit for bit, and Y is S's norm; with a
+    y_scale, Y is that norm quantized to FP8.
     """
     context = engine.create_execution_context()
     stream = torch.cuda.Stream()
@@ -1814,6 +1905,8 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
         # An output the engine leaves unwritten stays NaN and fails.
         for name in io_names(residual)[1]:
             tensors[name] = torch.full_like(x, float("nan"))
+        if y_scale is not None:
+            tensors["Y"] = tensors["Y"].to(getattr(torch, DTYPES[Y_FP8].torch))
         on_gpu = {name: tensor.cuda() for name, tensor in tensors.items()}
         context.set_input_shape("X", tuple(x.shape))
         if residual:
@@ -1834,7 +1927,11 @@ def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed,
             s_ok = torch.equal(on_gpu["S"].cpu(), normalized)
             s_note = "  S == X + R" if s_ok else "  S != X + R"
         y = on_gpu["Y"].float().cpu().numpy()
-        ok, err = check_output(y, normalized.float().numpy(), w.float().numpy(), epsilon, dtype)
+        inputs = (y, normalized.float().numpy(), w.float().numpy(), epsilon)
+        if y_scale is None:
+            ok, err = check_output(*inputs, dtype)
+        else:
+            ok, err = check_quantized(*inputs, y_scale)
         ok = ok and s_ok
         verdict = "ok" if ok else "MISMATCH"
         print(f"  tokens={n:<5d} max |y - ref| = {err:.3e}{s_note}  {verdict}")
@@ -1886,6 +1983,8 @@ def make_parser(description: str) -> argparse.ArgumentParser:
                         help=f"default {DEFAULT_EPSILON}")
     parser.add_argument("--residual", action="store_true",
                         help="the fused form: (X, R, W) in, (Y, S = X + R) out")
+    parser.add_argument("--y-scale", type=float, metavar="SCALE",
+                        help="the FP8 form: Y stored as FP8 E4M3 of y / SCALE (sm_89+)")
     parser.add_argument("--from-onnx", action="store_true",
                         help="build through TensorRT's ONNX parser (needs onnx)")
     parser.add_argument("--plans", action="store_true",
@@ -1912,11 +2011,17 @@ def validate_args(parser: argparse.ArgumentParser,
         validate_epsilon(args.epsilon)
     except ValueError:
         parser.error(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}")
+    if args.y_scale is not None:
+        try:
+            validate_y_scale(args.y_scale)
+        except ValueError:
+            parser.error("--y-scale must be finite and >= 2^-126 (a normal float32), "
+                         f"got {args.y_scale}")
     return args
 
 
-def check_environment():
-    """UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
+def check_environment(y_scale=None):
+    """UsageError unless a usable GPU (FP8 for a y_scale), TensorRT and Polygraphy are present."""
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU "
                          "of compute capability 8.0 or newer")
@@ -1925,6 +2030,8 @@ def check_environment():
         name = torch.cuda.get_device_name()
         raise UsageError(f"{name} has compute capability {major}.{minor}; "
                          "the kernel needs 8.0 or newer")
+    if y_scale is not None and fp8_refusal():
+        raise UsageError(fp8_refusal().removeprefix(f"{PLUGIN_NAME}: "))
     try:
         require_tensorrt()
         import polygraphy.backend.trt  # noqa: F401
@@ -1942,7 +2049,8 @@ def build_engine(args: argparse.Namespace):
     shapes = {"X": rows}
     if args.residual:
         shapes["R"] = rows
-    network_args = (args.hidden_dim, args.dtype, args.epsilon, args.weight_dtype, args.residual)
+    network_args = (args.hidden_dim, args.dtype, args.epsilon, args.weight_dtype, args.residual,
+                    args.y_scale)
     if args.from_onnx:
         network = onnx_network(*network_args)
         return build_from_network(network, shapes)
@@ -1963,14 +2071,16 @@ def run(args: argparse.Namespace, make_engine) -> int:
     wanted = (args.num_tokens, low, high, odd)
     counts = [n for n in dict.fromkeys(wanted) if n >= low]
     try:
-        check_environment()
+        check_environment(args.y_scale)
         form = "X + R, then RMSNorm" if args.residual else "RMSNorm"
+        if args.y_scale is not None:
+            form += f" to FP8 (y_scale {args.y_scale:g})"
         print(f"{form} {args.dtype}, hidden {args.hidden_dim}, W {args.weight_dtype}, "
               f"epsilon {args.epsilon:g}, profile [{low}, {high}] opt {args.opt_tokens}")
         engine = make_engine(args)
         with tensorrt_stage("execution context"):
-            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype,
-                                    args.epsilon, args.seed, args.weight_dtype, args.residual)
+            correct = run_and_check(engine, counts, args.hidden_dim, args.dtype, args.epsilon,
+                                    args.seed, args.weight_dtype, args.residual, args.y_scale)
     except (UsageError, TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -40,11 +40,12 @@ def engine_record(args, source: str, plugin: str) -> dict:
     """What shaped an engine: how it was built, the plugin it needs, every flag."""
     return {"source": source, "plugin": plugin, "dtype": args.dtype, "weight_dtype": args.weight_dtype,
             "hidden": args.hidden_dim, "profile": [args.min_tokens, args.opt_tokens, args.max_tokens],
-            "epsilon": sample.validate_epsilon(args.epsilon), "residual": args.residual}
+            "epsilon": sample.validate_epsilon(args.epsilon), "residual": args.residual,
+            "y_scale": args.y_scale}
 
 
 # Keys a record of an earlier version of this sample lacks, with the value its engine was built with.
-ADDED_KEYS = {"residual": False}
+ADDED_KEYS = {"residual": False, "y_scale": None}
 
 
 def temp_name(path: str) -> str:

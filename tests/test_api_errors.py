@@ -116,7 +116,7 @@ def test_rms_norm_torch_refuses_an_out_of_another_shape():
     from support.torch_kernel import rms_norm_torch
 
     x = torch.zeros(4, 1024, dtype=torch.float16)
-    with pytest.raises(ValueError, match="out must have x's shape and dtype"):
+    with pytest.raises(ValueError, match="out must have shape and dtype"):
         rms_norm_torch(sample, x, torch.ones(1024), out=torch.zeros(4, 1024, dtype=torch.float32))
 
 

@@ -53,12 +53,14 @@ def churn_allocator():
 # -- the creator -------------------------------------------------------------------------
 
 
-def test_creator_advertises_a_float32_epsilon_and_an_int32_residual_defaulting_to_plain(sample_rtx, trt):
+def test_creator_advertises_every_field_with_its_type(sample_rtx, trt):
+    """The ONNX parser converts a node's attributes to the types the creator lists."""
     creator = sample_rtx.RmsNormPluginCreator()
     assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
     fields = list(creator.field_names)
-    assert [f.name for f in fields] == ["epsilon", "residual"]
-    assert [f.type for f in fields] == [trt.PluginFieldType.FLOAT32, trt.PluginFieldType.INT32]
+    assert [f.name for f in fields] == ["epsilon", "residual", "quantize", "y_scale"]
+    float32, int32 = trt.PluginFieldType.FLOAT32, trt.PluginFieldType.INT32
+    assert [f.type for f in fields] == [float32, int32, int32, float32]
     assert np.asarray(fields[1].data).tolist() == [0]
 
 
@@ -164,7 +166,13 @@ def arrays_behind(owner, field) -> list:
     allocator to reuse freed memory.
     """
     found = []
+    owned = []
     for name, value in vars(owner).items():
+        if isinstance(value, tuple):  # a tuple of arrays, one per field
+            owned += [(f"{name}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            owned.append((name, value))
+    for name, value in owned:
         if isinstance(value, np.ndarray) and value.size:
             before, saved = np.asarray(field.data).copy(), value.copy()
             value.view(np.uint8)[...] = 0x5A
