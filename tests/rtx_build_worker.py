@@ -41,8 +41,7 @@ Spec keys (all optional):
                      by path as rms_norm_onnx_model.build_engine does, so external data is read beside it
     shapes           for source "model": {input name: [min shape, opt shape, max shape]}
     watched          for source "model": tensors also marked as outputs (build_engine's `watched`)
-    compute_capability  the one target the engine is built for (default "SM80"; "SM89" is RTX's first
-                     with FP8 tensor cores)
+    compute_capability  the engine's one target (default "SM80"; "SM89", RTX's first with FP8)
     buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
                      PluginField over a temporary array) plus allocator churn,
                      to show the engine-record check catches a dangling buffer
