@@ -16,6 +16,9 @@ What you will learn
 * How to fuse the residual Add before a norm into the plugin node (its fused
   form takes X and R and also writes S = X + R, the next layer's residual),
   and why a norm stays alone: its X is no Add of two activations of one shape.
+* How to fold the QuantizeLinear that an FP8-quantized model (NVIDIA Model
+  Optimizer's Q/DQ pairs before each MatMul) puts after a norm into the
+  plugin's FP8 form (quantize=1, y_scale), and why one stays.
 * How to do that to a model of any size: the weights stay in their external
   data file and are never loaded; TensorRT's parser reads the model by path.
 * How to build the rewritten model and the original, feed both the same
@@ -29,7 +32,8 @@ The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
 onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
 comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10 or
 11); TensorRT's own import of ONNX's RMSNormalization, which the one-node
-model and opset-23 exports are compared against, needs TensorRT 10.15+.
+model and opset-23 exports are compared against, needs TensorRT 10.15+. A
+model with folded FP8 Quantizes needs an SM89+ GPU, as FP8 itself does.
 
 How to run it
 -------------
@@ -574,7 +578,7 @@ def fuse_residual_adds(found: dict):
 # other reader, which would need Y in X's dtype.
 
 def quantize_after(node: ir.Node):
-    """(the QuantizeLinear reading the plugin node's Y, the Cast between or None), else (None, None).
+    """(the QuantizeLinear reading the plugin node's Y, the Cast between or None), or (None, None).
 
     Y reaches it directly or through the Cast the rewrite appended (Y in the scale's dtype, as
     ONNX's op writes it); the plugin's FP8 Y replaces both.
@@ -626,8 +630,8 @@ def why_not_folded(y: ir.Value, quantize: ir.Node) -> str | None:
     try:
         sample.validate_y_scale(float(scale.ravel()[0]))
     except ValueError:
-        return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the plugin " \
-               "requires"
+        return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the " \
+               "plugin requires"
     return None
 
 
@@ -651,8 +655,9 @@ def fold_quantizes(found: dict):
         old = [quantize.outputs[0], *node.outputs[1:]]  # Y takes the Quantize's output and name
         parameters, graph = quantize.inputs[1:], node.graph
         gone = [node, quantize, *filter(None, [cast])]
-        ir.convenience.replace_nodes_and_values(graph, node, gone, [folded], old, list(folded.outputs))
-        for value in parameters:  # the Quantize's scale and zero point, where nothing else reads them
+        ir.convenience.replace_nodes_and_values(graph, node, gone, [folded], old,
+                                                list(folded.outputs))
+        for value in parameters:  # the Quantize's scale and zero point, unless read elsewhere
             if value is not None and value.is_initializer() and not value.uses() \
                     and not value.is_graph_output():
                 graph.initializers.pop(value.name)
@@ -919,7 +924,7 @@ def onnx_tolerance(dtypes) -> float:
 
 
 def side_tolerance(dtypes, magnitude, scale):
-    """Largest |one side - exact RMSNorm| where that is `magnitude`, rounding to `dtypes` in turn."""
+    """Largest |one side - exact RMSNorm| where that is `magnitude`, rounding to `dtypes`."""
     spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in dtypes]
     subnormal = sum(f.tiny * f.eps / 2 for f in spacings)
     return onnx_tolerance(dtypes) * magnitude + subnormal * (1 + np.abs(scale))
@@ -984,7 +989,9 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
 
     The two engines may feed the node different X (a difference carried from
     earlier replaced nodes), so the bound adds what exact RMSNorm makes of
-    that input difference, computed here in float64.
+    that input difference, computed here in float64. A folded node's Y is FP8
+    in both engines (the plugin's, and the original QuantizeLinear's): there
+    the bound is what the FP8 rounding makes of both engines' reach.
     """
     def x(run):  # the engine's own S where the node names one, else the exact sum of the parts
         if node.sum:

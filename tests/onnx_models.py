@@ -272,7 +272,8 @@ def plugin_functions(opset: int):
                                                      type=onnx.AttributeProto.FLOAT))
         zero = helper.make_node("Constant", [], ["zero"], value=TensorProto(
             name="zero", data_type=TensorProto.FLOAT8E4M3FN, raw_data=b"\0"))
-        return nodes[:-1] + [y_scale, zero, helper.make_node("QuantizeLinear", ["y32", "y_scale", "zero"], ["Y"])]
+        quantize = helper.make_node("QuantizeLinear", ["y32", "y_scale", "zero"], ["Y"])
+        return nodes[:-1] + [y_scale, zero, quantize]  # in place of the CastLike to X's dtype
 
     def function(name, inputs, outputs, nodes, attributes=("epsilon",)):
         return helper.make_function(REFERENCE_DOMAIN, name, inputs, outputs, nodes,
@@ -283,7 +284,8 @@ def plugin_functions(opset: int):
     fp8_forms = [function("plain_fp8", ["X", "W"], ["Y"], fp8(norm("X")), both),
                  function("fused_fp8", ["X", "R", "W"], ["Y", "S"], fp8(fused), both)]
     return [function("plain", ["X", "W"], ["Y"], norm("X")),
-            function("fused", ["X", "R", "W"], ["Y", "S"], fused)] + (fp8_forms if opset >= 19 else [])
+            function("fused", ["X", "R", "W"], ["Y", "S"], fused)] \
+        + (fp8_forms if opset >= 19 else [])  # ONNX's QuantizeLinear writes FP8 from opset 19
 
 
 def runnable_by_onnxruntime(model, watched=()):
@@ -348,9 +350,11 @@ def fp8_qdq_before_matmuls(path, out):
     # Max calibration: each activation's largest magnitude on the example inputs.
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in activations)
-    session = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(probe.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
     ids, mask = (t.numpy() for t in example_inputs())
-    values = dict(zip(activations, session.run(activations, {"input_ids": ids, "attention_mask": mask})))
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    values = dict(zip(activations, session.run(activations, feeds)))
 
     def pair(name, scale, axis=None):
         """Q and DQ nodes and their initializers for tensor `name`, `scale` in its dtype."""
@@ -364,12 +368,14 @@ def fp8_qdq_before_matmuls(path, out):
             point.CopyFrom(zero)
             point.name = f"{name}_zero_point_{k}"
             inits.append(point)
-        nodes = [helper.make_node("QuantizeLinear", [name, f"{name}_scale_1", f"{name}_zero_point_1"],
-                                  [f"{name}_QuantizeLinear_Output"], name=f"{name}_QuantizeLinear", **attrs),
-                 helper.make_node("DequantizeLinear", [f"{name}_QuantizeLinear_Output", f"{name}_scale_2",
-                                                       f"{name}_zero_point_2"],
-                                  [f"{name}_DequantizeLinear_Output"], name=f"{name}_DequantizeLinear",
-                                  **attrs)]
+        quantized = f"{name}_QuantizeLinear_Output"
+        nodes = [helper.make_node("QuantizeLinear",
+                                  [name, f"{name}_scale_1", f"{name}_zero_point_1"], [quantized],
+                                  name=f"{name}_QuantizeLinear", **attrs),
+                 helper.make_node("DequantizeLinear",
+                                  [quantized, f"{name}_scale_2", f"{name}_zero_point_2"],
+                                  [f"{name}_DequantizeLinear_Output"],
+                                  name=f"{name}_DequantizeLinear", **attrs)]
         return nodes, inits
 
     after = {}  # producer's output name (or "" for the graph's start) -> the pairs that follow it

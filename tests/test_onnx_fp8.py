@@ -61,7 +61,8 @@ def folds(quantized):
 
 
 def quantize_of(model: ir.Model, tensor: str) -> ir.Node:
-    (node,) = [n for n in model.graph if n.op_type == "QuantizeLinear" and n.inputs[0].name == tensor]
+    (node,) = [n for n in model.graph
+               if n.op_type == "QuantizeLinear" and n.inputs[0].name == tensor]
     return node
 
 
@@ -88,7 +89,8 @@ def test_each_norms_quantize_is_folded_and_its_dequantize_reads_the_plugins_fp8_
         assert [user.op_type for user, _ in y.uses()] == ["DequantizeLinear"]
         assert node.outputs[-1].dtype != ir.DataType.FLOAT8E4M3FN or len(node.outputs) == 1  # S
     # Only the MatMuls' own Quantizes remain: one per activation that is not a norm's Y.
-    assert len(nodes(rewritten, "QuantizeLinear")) == len(nodes(original, "QuantizeLinear")) - len(replaced)
+    remaining = len(nodes(original, "QuantizeLinear")) - len(replaced)
+    assert len(nodes(rewritten, "QuantizeLinear")) == remaining
     assert not nodes(rewritten, "RMSNormalization") and not nodes(rewritten, "ReduceMean")
 
 
@@ -125,7 +127,8 @@ def test_onnxruntime_computes_the_folded_model_as_the_original(quantized, folds)
     source = onnx.load(str(path))
     weights = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in source.graph.initializer
                if t.data_type != TensorProto.FLOAT8E4M3FN}
-    watched = [t for r in replaced for t in (*r.x, r.y, r.sum) if t and t not in weights and t not in feeds]
+    watched = [t for r in replaced for t in (*r.x, r.y, r.sum)
+               if t and t not in weights and t not in feeds]
     source.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in watched)
     folded = path.with_name("folded_for_onnxruntime.onnx")
     companion.save_model(rewritten, str(folded))
@@ -151,7 +154,7 @@ def test_onnxruntime_computes_the_folded_model_as_the_original(quantized, folds)
 
 def quantized_norm(scale=0.01, zero=(TensorProto.FLOAT8E4M3FN, 0.0), quantize_attrs=None,
                    extra_reader=False, y_output=False, scale_input=False, opset=23):
-    """RMSNormalization over X [n, H] fp16 -> QuantizeLinear(scale, zero) -> DequantizeLinear -> Z."""
+    """RMSNormalization over X [n, H] fp16 -> QuantizeLinear(scale, zero) -> DequantizeLinear."""
     scale = np.asarray(scale, np.float16)
     inits = [numpy_helper.from_array(np.linspace(0.5, 1.5, H).astype(np.float16), "w")]
     inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["n", H])]
@@ -165,20 +168,22 @@ def quantized_norm(scale=0.01, zero=(TensorProto.FLOAT8E4M3FN, 0.0), quantize_at
         inits.append(helper.make_tensor("q_zero", kind, list(scale.shape),
                                         np.full(scale.shape, value).ravel().tolist()))
         q_inputs.append("q_zero")
-    graph_nodes = [helper.make_node("RMSNormalization", ["X", "w"], ["Y"], name="norm", epsilon=1e-5),
+    dequantize_attrs = {k: v for k, v in (quantize_attrs or {}).items()
+                        if k in ("axis", "block_size")}
+    graph_nodes = [helper.make_node("RMSNormalization", ["X", "w"], ["Y"], name="norm",
+                                    epsilon=1e-5),
                    helper.make_node("QuantizeLinear", q_inputs, ["Yq"], name="quantize",
                                     **(quantize_attrs or {})),
-                   helper.make_node("DequantizeLinear", ["Yq", *q_inputs[1:]], ["Z"], name="dequantize",
-                                    **{k: v for k, v in (quantize_attrs or {}).items()
-                                       if k in ("axis", "block_size")})]
+                   helper.make_node("DequantizeLinear", ["Yq", *q_inputs[1:]], ["Z"],
+                                    name="dequantize", **dequantize_attrs)]
     outputs = [helper.make_tensor_value_info("Z", TensorProto.FLOAT16, ["n", H])]
     if extra_reader:
         graph_nodes.append(helper.make_node("Relu", ["Y"], ["other"], name="relu"))
         outputs.append(helper.make_tensor_value_info("other", TensorProto.FLOAT16, ["n", H]))
     if y_output:
         outputs.append(helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["n", H]))
-    model = helper.make_model(helper.make_graph(graph_nodes, "g", inputs, outputs, initializer=inits),
-                              opset_imports=[helper.make_opsetid("", opset)])
+    graph = helper.make_graph(graph_nodes, "g", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 11
     return model
 
@@ -190,12 +195,14 @@ def fold_one(model):
 
 @pytest.mark.parametrize("model_args", [
     dict(), dict(zero=None, quantize_attrs=dict(output_dtype=TensorProto.FLOAT8E4M3FN)),
-    dict(scale=[0.01]), dict(quantize_attrs=dict(saturate=1)), dict(zero=(TensorProto.FLOAT8E4M3FN, -0.0)),
+    dict(scale=[0.01]), dict(quantize_attrs=dict(saturate=1)),
+    dict(zero=(TensorProto.FLOAT8E4M3FN, -0.0)),
 ])
 def test_a_quantize_to_e4m3fn_with_one_constant_scale_and_zero_point_0_is_folded(model_args):
     replaced, left = fold_one(quantized_norm(**model_args))
     assert left == {}
-    assert [(r.quantized, r.y, r.y_scale) for r in replaced] == [("quantize", "Yq", float(np.float16(0.01)))]
+    folded = [(r.quantized, r.y, r.y_scale) for r in replaced]
+    assert folded == [("quantize", "Yq", float(np.float16(0.01)))]
 
 
 @pytest.mark.parametrize("model_args, why", [
@@ -213,7 +220,8 @@ def test_a_quantize_to_e4m3fn_with_one_constant_scale_and_zero_point_0_is_folded
     (dict(quantize_attrs=dict(saturate=0)), "it has saturate=0"),
     (dict(scale=0.0), "its scale 0 is not finite and >= 2^-126"),
 ])
-def test_a_quantize_the_fp8_form_cannot_write_stays_and_the_report_says_why(model_args, why, capsys):
+def test_a_quantize_the_fp8_form_cannot_write_stays_and_the_report_says_why(model_args, why,
+                                                                             capsys):
     model = quantized_norm(**model_args)
     if "block_size" in (model_args.get("quantize_attrs") or {}):  # blocks need a static X
         model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4
@@ -235,8 +243,8 @@ def test_the_cast_the_rewrite_appends_goes_with_a_folded_quantize():
     """X fp16, scale fp32: ONNX's Y is fp32, the plugin's fp16 Y is cast to it, then quantized;
     folded, the plugin writes the FP8 tensor from its FP32 y, and no Cast is left."""
     model = quantized_norm()
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.linspace(0.5, 1.5, H).astype(np.float32),
-                                                                "w"))
+    w = np.linspace(0.5, 1.5, H).astype(np.float32)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "w"))
     model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.float32(0.01), "q_scale"))
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
     ir_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))

@@ -395,8 +395,9 @@ def run_onnxruntime(model, feeds: dict) -> dict:
     names = [o.name for o in outputs]
     values = session.run(names, feeds)
     # onnxruntime hands an FP8 tensor over as its bytes (uint8): read them as E4M3FN.
-    return {o.name: (value.view(ml_dtypes.float8_e4m3fn) if o.type == "tensor(float8e4m3fn)" else value
-                     ).astype(np.float64) for o, value in zip(outputs, values)}
+    fp8 = ml_dtypes.float8_e4m3fn
+    return {o.name: (value.view(fp8) if o.type == "tensor(float8e4m3fn)" else value)
+            .astype(np.float64) for o, value in zip(outputs, values)}
 
 
 @pytest.mark.parametrize("name", ONNXRUNTIME_CHECKED)
