@@ -88,12 +88,13 @@ def load_flashinfer():
     return fused_add_rmsnorm_cute, None
 
 
-def buffer_sets(tokens, hidden) -> int:
+def buffer_sets(tokens, hidden, element_bytes=8) -> int:
     """How many sets of buffers one graph cycles through: enough that a call's inputs are not still in L2 from
     the last call on them (COLD_BYTES between two uses), as in a decoder, where the GEMMs between two norms
-    evict them; at most one a call of the graph."""
+    evict them; at most one a call of the graph. element_bytes: what a call moves per element of X (8: the
+    fused form's four 16-bit tensors)."""
     per_graph, _ = graph_calls(tokens, hidden)
-    call_bytes = 4 * tokens * hidden * 2
+    call_bytes = element_bytes * tokens * hidden
     return max(1, min(per_graph, math.ceil(COLD_BYTES / call_bytes)))
 
 

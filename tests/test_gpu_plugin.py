@@ -212,3 +212,47 @@ def test_enqueue_normalizes_every_row_of_a_rank_3_x(sample_standin, trt, batch, 
     stream.synchronize()
     ok, err = buf.check()  # a kernel that saw only `batch` rows leaves the rest NaN
     assert ok, f"{rank3}: max abs error {err:.3e}"
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_the_fp8_form_enqueues_an_fp8_y_from_tensorrts_pointers(sample_standin, trt, dtype, residual):
+    """Fields quantize 1 and y_scale, as the ONNX parser passes them; Y an FP8 buffer (cupy carries its
+    bytes as uint8), S in X's dtype."""
+    import torch
+
+    sample = sample_standin
+    y_scale = 0.0375
+    arrays = [np.array([1e-5], np.float32), np.array([int(residual)], np.int32), np.array([1], np.int32),
+              np.array([y_scale], np.float32)]
+    kinds = [trt.PluginFieldType.FLOAT32, trt.PluginFieldType.INT32, trt.PluginFieldType.INT32,
+             trt.PluginFieldType.FLOAT32]
+    names = ["epsilon", "residual", "quantize", "y_scale"]
+    fields = trt.PluginFieldCollection([trt.PluginField(*f) for f in zip(names, arrays, kinds)])
+    creator = sample.RmsNormPluginCreator()
+    plugin = creator.create_plugin("rms_norm", fields, trt.TensorRTPhase.RUNTIME).attach_to_context(None)
+    stream = torch.cuda.Stream()
+    for tokens in (1, 128, 512):
+        x, w = sample.make_inputs(tokens, HIDDEN, dtype, tokens)
+        r = sample.make_residual(tokens, HIDDEN, dtype, tokens)
+        x, w, r = x.cuda(), w.cuda(), r.cuda()
+        y = torch.full_like(x, float("nan"), dtype=torch.float8_e4m3fn)
+        s = torch.full_like(x, float("nan"))
+        x_type = getattr(trt.DataType, TRT_TYPE[dtype])
+        rows = trt.PluginTensorDesc((tokens, HIDDEN), x_type)
+        in_desc = [rows, rows, trt.PluginTensorDesc((HIDDEN,), trt.DataType.FLOAT)]
+        out_desc = [trt.PluginTensorDesc((tokens, HIDDEN), trt.DataType.FP8), rows]
+        inputs = [x.data_ptr(), r.data_ptr(), w.data_ptr()]
+        outputs = [y.data_ptr(), s.data_ptr()]
+        if not residual:
+            in_desc, out_desc, inputs, outputs = (in_desc[::2], out_desc[:1], inputs[::2], outputs[:1])
+        torch.cuda.synchronize()
+        plugin.on_shape_change(in_desc, out_desc)
+        plugin.enqueue(in_desc, out_desc, inputs, outputs, 0, stream.cuda_stream)
+        stream.synchronize()
+        normalized = sample.residual_reference(x, r) if residual else x
+        if residual:
+            assert torch.equal(s, normalized), f"{tokens} tokens: S differs from X + R"
+        ok, err = sample.check_quantized(y.float().cpu().numpy(), normalized.float().cpu().numpy(),
+                                         w.cpu().numpy(), 1e-5, y_scale)
+        assert ok, f"{tokens} tokens: max abs error {err:.3e}"
