@@ -535,7 +535,8 @@ def rms_norm_kernel(
         total = row_sum(plan, sum_of_squares(tXrX), sums, i, row_in_cta, t)  # Steps 2-3
         rstd = inverse_rms(plan, total, epsilon)  # Step 4
         if cutlass.const_expr(y_scale is not None):
-            # The FP8 form's y / y_scale, folded into the row's one factor;
+            # The FP8 form's y / y_scale, folded into the row's one factor (an
+            # op that adds a term after it, a LayerNorm's bias, scales that too);
             # Step 5's cast to FP8 is the hardware's saturating one.
             rstd = rstd * (1.0 / y_scale)
         late = not plan.early_weight and not plan.weight_by_vector
