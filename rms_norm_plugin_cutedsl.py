@@ -1165,7 +1165,7 @@ def validate_epsilon(value) -> float:
 
 
 def validate_y_scale(value) -> float:
-    """The FP8 form's y_scale as the float32 value the kernel divides by, or ValueError."""
+    """The FP8 form's y_scale as the float32 value Y is divided by, or ValueError."""
     try:
         y_scale = struct.unpack("f", struct.pack("f", float(value)))[0]
     except OverflowError:

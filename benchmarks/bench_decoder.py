@@ -174,17 +174,9 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
     return timers, wrong, keep
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
-    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
-                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, 5120, 8192, 16384)")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
-                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per shape (default 5)")
-    parser.add_argument("--out-dir", default="bench-results", help="directory for NAME.md and NAME.json")
-    parser.add_argument("--name", default="decoder", help="file name stem of the results (default decoder)")
-    args = parser.parse_args()
+def table_args(parser, args):
+    """(shapes, dtypes, results folder) from the flags the table scripts share; a bad one exits 2 in one
+    sentence, before any GPU work."""
     shapes = parse_shapes(args.shapes)
     if shapes is None:
         parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, e.g. 4096x8192,1x1024")
@@ -196,6 +188,21 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         parser.error(f"--out-dir {out}: {exc.strerror}")
+    return shapes, dtypes, out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
+    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
+                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, 5120, 8192, 16384)")
+    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
+                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per shape (default 5)")
+    parser.add_argument("--out-dir", default="bench-results", help="directory for NAME.md and NAME.json")
+    parser.add_argument("--name", default="decoder", help="file name stem of the results (default decoder)")
+    args = parser.parse_args()
+    shapes, dtypes, out = table_args(parser, args)
 
     import rms_norm_plugin_cutedsl as sample
 

@@ -50,9 +50,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_decoder import (DECODER_HIDDENS, DECODER_TOKENS, DTYPE_NAMES, EPS,  # noqa: E402
-                           buffer_sets, cycling, norm_of)
+                           buffer_sets, cycling, norm_of, table_args)
 from bench_records import interleaved_rounds, median_ratio  # noqa: E402
-from bench_rms_norm import graph_timer, package_version, parse_list, parse_shapes  # noqa: E402
+from bench_rms_norm import graph_timer, package_version  # noqa: E402
 
 # |y| = |norm(x) * w| with W in [0.5, 1.5) is below 3 in 99 % of elements and past 7 in about one
 # in five million: y / 2^-6 spreads over FP8's range (normal from 2^-6, largest 448) and
@@ -382,18 +382,7 @@ def main():
     parser.add_argument("--name", default="quantized",
                         help="file name stem of the results (default quantized)")
     args = parser.parse_args()
-    shapes = parse_shapes(args.shapes)
-    if shapes is None:
-        parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, "
-                     "e.g. 4096x8192,1x1024")
-    dtypes = parse_list(parser, "--dtypes", args.dtypes, DTYPE_NAMES)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    out = pathlib.Path(args.out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        parser.error(f"--out-dir {out}: {exc.strerror}")
+    shapes, dtypes, out = table_args(parser, args)
 
     import rms_norm_plugin_cutedsl as sample
 
