@@ -16,6 +16,9 @@ What you will learn
 * How to fuse the residual Add before a norm into the plugin node (its fused
   form takes X and R and also writes S = X + R, the next layer's residual),
   and why a norm stays alone: its X is no Add of two activations of one shape.
+* How to fold the QuantizeLinear that an FP8-quantized model (NVIDIA Model
+  Optimizer's Q/DQ pairs before each MatMul) puts after a norm into the
+  plugin's FP8 form (quantize=1, y_scale), and why one stays.
 * How to do that to a model of any size: the weights stay in their external
   data file and are never loaded; TensorRT's parser reads the model by path.
 * How to build the rewritten model and the original, feed both the same
@@ -29,7 +32,8 @@ The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
 onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
 comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10 or
 11); TensorRT's own import of ONNX's RMSNormalization, which the one-node
-model and opset-23 exports are compared against, needs TensorRT 10.15+.
+model and opset-23 exports are compared against, needs TensorRT 10.15+. A
+model with folded FP8 Quantizes needs an SM89+ GPU, as FP8 itself does.
 
 How to run it
 -------------
@@ -169,6 +173,8 @@ except ImportError as exc:
 DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
 # The plugin node's attribute that selects its fused form: 1 takes [X, R, W], writes [Y, S = X + R].
 RESIDUAL_ATTRIBUTE = "residual"
+# Its FP8 form: quantize=1 writes Y as FLOAT8E4M3FN, y / y_scale rounded to nearest even, saturated.
+QUANTIZE_ATTRIBUTE, Y_SCALE_ATTRIBUTE = "quantize", "y_scale"
 
 
 # %% [1] Load: check by path, keep the weights where they are -------------------
@@ -194,6 +200,7 @@ def declare_schemas():
         return onnx.defs.OpSchema.Attribute(name, onnx.helper.make_attribute(name, value), "")
 
     floats = ["tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"]
+    fp8 = ["tensor(float8e4m3fn)"]  # the plugin's Y in its FP8 form (quantize=1)
     # The plugin's two forms are [X, W] -> [Y] and, fused, [X, R, W] -> [Y, S]. A schema binds a
     # node's inputs to its parameters by position, and an absent optional one is written as "", so
     # an optional R between X and W would bind the plain form's W to R. X and then a variadic list,
@@ -202,15 +209,20 @@ def declare_schemas():
                 [parameter("Y", "V"), parameter("inv_std_var", "U", "Optional")],
                 [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
                (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
-                [parameter("Y", "T"), parameter("S", "T", "Optional")],
+                [parameter("Y", "Q"), parameter("S", "T", "Optional")],
                 [attribute("epsilon", sample.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
+                 attribute(QUANTIZE_ATTRIBUTE, 0),
+                 # no default: y_scale is absent unless quantize is 1
+                 onnx.defs.OpSchema.Attribute(Y_SCALE_ATTRIBUTE, onnx.defs.OpSchema.AttrType.FLOAT,
+                                              "", required=False),
                  attribute("plugin_version", sample.PLUGIN_VERSION),
                  attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
     for name, inputs, outputs, attributes in schemas:
         if not onnx.defs.has(name):
             onnx.defs.register_schema(onnx.defs.OpSchema(
                 name, "", 1, inputs=inputs, outputs=outputs, attributes=attributes,
-                type_constraints=[(t, floats, "") for t in ("T", "U", "V")]))
+                type_constraints=[(t, floats, "") for t in ("T", "U", "V")]
+                + [("Q", floats + fp8, "")]))
 
 
 def load_model(path: str) -> ir.Model:
@@ -273,6 +285,8 @@ class Replaced:
     fused: str = ""    # the fused form: what it adds, for the report; "" where the node is alone
     alone: str = ""    # why the node is alone: its X is no Add of two like activations
     sum: str = ""      # S as the original names it, compared too; "" where it has no such tensor
+    y_scale: float = 0.0   # the FP8 form's scale, the folded QuantizeLinear's; 0.0: Y in X's dtype
+    quantized: str = ""    # that QuantizeLinear's name; y then names its output, FP8 in both models
 
 
 def rms_normalization(op, x, skip, scale, epsilon):
@@ -545,6 +559,7 @@ def fuse_residual_adds(found: dict):
             fused=f"with the Add {node_name(add)}: S replaces its output '{total.name}'")
         ir.convenience.replace_nodes_and_values(graph, node, [node, add], [fused],
                                                 [node.outputs[0], total], list(fused.outputs))
+        found["nodes"][k] = fused  # where the FP8 fold looks next
         unread = cast is not None and not cast.outputs[0].uses()
         if unread and not cast.outputs[0].is_graph_output():
             graph.remove(cast)  # the Cast only fed the norm
@@ -553,8 +568,108 @@ def fuse_residual_adds(found: dict):
         graph.sort()
 
 
+# Then the FP8 form. A model quantized for FP8 matmuls (NVIDIA Model Optimizer
+# writes a QuantizeLinear -> DequantizeLinear pair before each MatMul's
+# activation) reads a norm's Y only through a QuantizeLinear to FLOAT8E4M3FN
+# with one constant scale. The plugin can write that FP8 tensor itself
+# (quantize=1, y_scale): Y is stored once, a byte an element, and no Quantize
+# reads it again. The Quantize goes and the plugin's Y takes its output's
+# name, so its readers (the DequantizeLinear) stay as they are. Y must have no
+# other reader, which would need Y in X's dtype.
+
+def quantize_after(node: ir.Node):
+    """(the QuantizeLinear reading the plugin node's Y, the Cast between or None), or (None, None).
+
+    Y reaches it directly or through the Cast the rewrite appended (Y in the scale's dtype, as
+    ONNX's op writes it); the plugin's FP8 Y replaces both.
+    """
+    y, cast = node.outputs[0], None
+    readers = [user for user, _ in y.uses()]
+    appended = len(readers) == 1 and readers[0].op_type == "Cast" \
+        and readers[0].name.endswith("/to_scale_dtype")
+    if appended:
+        cast, y = readers[0], readers[0].outputs[0]
+    quantizes = [user for user, index in y.uses() if user.op_type == "QuantizeLinear"
+                 and user.domain in ("", "ai.onnx") and index == 0]
+    return (quantizes[0], cast) if quantizes else (None, None)
+
+
+def why_not_folded(y: ir.Value, quantize: ir.Node) -> str | None:
+    """None if the plugin's FP8 form writes what `quantize` makes of Y, else why not (a clause)."""
+    others = [user for user, _ in y.uses() if user is not quantize]
+    if y.is_graph_output():
+        return f"Y '{y.name}' is also a graph output, which needs Y in X's dtype"
+    if others:
+        return f"Y '{y.name}' has {len(others)} other reader(s) (a {others[0].op_type} among " \
+               "them), which need Y in X's dtype"
+    scale = constant(quantize.inputs[1]) if len(quantize.inputs) > 1 else None
+    zero = quantize.inputs[2] if len(quantize.inputs) > 2 else None
+    block_size = quantize.attributes.get_int("block_size", 0)
+    if block_size:
+        return f"it quantizes in blocks of {block_size}; the plugin takes one scale"
+    if scale is None:
+        return "its scale is not a constant"
+    if scale.size != 1 or scale.ndim > 1:
+        axis = quantize.attributes.get_int("axis", 1)
+        return f"its scale has shape {list(scale.shape)} (per axis {axis}); the plugin takes one " \
+               "scalar scale"
+    if zero is not None:
+        zero_point = constant(zero)
+        if zero_point is None:
+            return "its zero point is not a constant"
+        if np.any(zero_point.astype(np.float64) != 0):
+            return f"its zero point is {zero_point.astype(np.float64).ravel()[0]:g}, not 0"
+    output = quantize.outputs[0].dtype
+    if output is None:  # not inferred: the zero point's type, else output_dtype, else UINT8
+        output = zero.dtype if zero is not None and zero.dtype is not None else ir.DataType(
+            quantize.attributes.get_int("output_dtype", 0) or ir.DataType.UINT8)
+    if output != ir.DataType.FLOAT8E4M3FN:
+        return f"it quantizes to {output.name}; the plugin writes FLOAT8E4M3FN only"
+    if quantize.attributes.get_int("saturate", 1) != 1:
+        return "it has saturate=0 (out-of-range values become NaN); the plugin saturates at 448"
+    try:
+        sample.validate_y_scale(float(scale.ravel()[0]))
+    except ValueError:
+        return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the " \
+               "plugin requires"
+    return None
+
+
+def fold_quantizes(found: dict):
+    """Make each plugin node whose Y only a FLOAT8E4M3FN QuantizeLinear reads the FP8 form;
+    record why not where a QuantizeLinear reads Y but stays."""
+    for k, (record, node) in enumerate(zip(found["replaced"], found["nodes"])):
+        quantize, cast = quantize_after(node)
+        if quantize is None:
+            continue
+        name = node_name(quantize)
+        why = why_not_folded(quantize.inputs[0], quantize)
+        if why:
+            found["left"][name] = f"a QuantizeLinear after {record.name}, not folded: {why}"
+            continue
+        y_scale = sample.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
+        attributes = {key: attribute.value for key, attribute in node.attributes.items()}
+        folded = ir.node(sample.PLUGIN_NAME, list(node.inputs),
+                         {**attributes, QUANTIZE_ATTRIBUTE: 1, Y_SCALE_ATTRIBUTE: y_scale},
+                         num_outputs=len(node.outputs), name=node.name)
+        old = [quantize.outputs[0], *node.outputs[1:]]  # Y takes the Quantize's output and name
+        parameters, graph = quantize.inputs[1:], node.graph
+        gone = [node, quantize, *filter(None, [cast])]
+        ir.convenience.replace_nodes_and_values(graph, node, gone, [folded], old,
+                                                list(folded.outputs))
+        for value in parameters:  # the Quantize's scale and zero point, unless read elsewhere
+            if value is not None and value.is_initializer() and not value.uses() \
+                    and not value.is_graph_output():
+                graph.initializers.pop(value.name)
+        found["nodes"][k] = folded
+        found["replaced"][k] = dataclasses.replace(  # an appended Cast went with the Quantize
+            record, y=folded.outputs[0].name, y_scale=y_scale, quantized=name,
+            cast="" if record.cast == "appended" else record.cast)
+
+
 def rewrite_model(model: ir.Model):
-    """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm left to TensorRT: why}).
+    """Rewrite `model` in place; return ([Replaced], {name of an RMSNorm, or of a QuantizeLinear
+    after one that stays, left to TensorRT: why}).
 
     TensorRT's ONNX parser builds a node whose op type it does not know from
     the plugin registry: the creator named like the op, its version and
@@ -567,6 +682,7 @@ def rewrite_model(model: ir.Model):
         pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
                                commute=True).apply_to_model(model)
     fuse_residual_adds(found)
+    fold_quantizes(found)
     # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
     # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
     for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
@@ -591,10 +707,12 @@ def print_report(replaced: list, left: dict):
     for heading, nodes in groups:
         print(f"{heading} {sample.PLUGIN_NAME} ({len(nodes)}):")
         for node in nodes:
-            cast = {"absorbed": ", absorbing the Cast back",
+            cast = {"absorbed": ", absorbing the Cast back",  # (a folded node has no appended Cast)
                     "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
+            fp8 = f", Y FP8 E4M3 by folding {node.quantized} (y_scale {node.y_scale:g})" \
+                if node.quantized else ""
             print(f"  {node.name}: {node.form}, X {node.dtype}, scale {node.scale_dtype}, epsilon "
-                  f"{node.epsilon:g}{cast}; {node.fused or 'alone: ' + node.alone}")
+                  f"{node.epsilon:g}{cast}{fp8}; {node.fused or 'alone: ' + node.alone}")
     print(f"Left to TensorRT ({len(left)}):")
     for name, why in left.items():
         print(f"  {name}: {why}")
@@ -785,10 +903,13 @@ def rounding_error(dtype: str) -> float:
 
 def roundings(node: Replaced):
     """(the plugin's, TensorRT's import's): the dtype of every rounding from X (each engine's S
-    where the node names one, else the exact sum of node.x) to the compared Y."""
+    where the node names one, else the exact sum of node.x) to the compared Y, or for a folded
+    node to the y that the FP8 rounding then takes."""
     ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
     theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
         + ([node.dtype] if node.cast == "absorbed" else [])
+    if node.quantized:  # before the FP8 rounding: the plugin's y is FP32, the Quantize divides y
+        ours, theirs = [], theirs + theirs[-1:]  # in its input's dtype
     if not node.sum:
         adds = [node.dtype] * 2 * (len(node.x) - 1)  # each add's rounding moves Y by up to 2u
         ours, theirs = ours + adds, theirs + adds
@@ -802,12 +923,17 @@ def onnx_tolerance(dtypes) -> float:
     return math.prod(1 + rounding_error(d) for d in dtypes) - 1 + FP32_NOISE
 
 
+def side_tolerance(dtypes, magnitude, scale):
+    """Largest |one side - exact RMSNorm| where that is `magnitude`, rounding to `dtypes`."""
+    spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in dtypes]
+    subnormal = sum(f.tiny * f.eps / 2 for f in spacings)
+    return onnx_tolerance(dtypes) * magnitude + subnormal * (1 + np.abs(scale))
+
+
 def engines_tolerance(node: Replaced, magnitude, scale):
     """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is `magnitude`."""
     ours, theirs = roundings(node)
-    spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in ours + theirs]
-    return (onnx_tolerance(ours) + onnx_tolerance(theirs)) * magnitude \
-        + sum(f.tiny * f.eps / 2 for f in spacings) * (1 + np.abs(scale))
+    return side_tolerance(ours, magnitude, scale) + side_tolerance(theirs, magnitude, scale)
 
 
 def bind_inputs(engine, context, feeds: dict):
@@ -834,7 +960,9 @@ def bind(engine, feeds: dict):
                 raise sample.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
                                         f"{', '.join(TORCH_DTYPES)}")
             outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
-            if dtype.is_floating_point:
+            if dtype.itemsize == 1 and dtype.is_floating_point:
+                outputs[name].view(torch.uint8).fill_(0x7F)  # E4M3FN's NaN: unwritten fails too
+            elif dtype.is_floating_point:
                 outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
             context.set_tensor_address(name, outputs[name].data_ptr())
     return context, outputs
@@ -861,7 +989,9 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
 
     The two engines may feed the node different X (a difference carried from
     earlier replaced nodes), so the bound adds what exact RMSNorm makes of
-    that input difference, computed here in float64.
+    that input difference, computed here in float64. A folded node's Y is FP8
+    in both engines (the plugin's, and the original QuantizeLinear's): there
+    the bound is what the FP8 rounding makes of both engines' reach.
     """
     def x(run):  # the engine's own S where the node names one, else the exact sum of the parts
         if node.sum:
@@ -872,8 +1002,19 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
     exact_ours, exact_theirs = (sample.rms_norm_reference(x(run), scale, node.epsilon)
                                 for run in (ours, theirs))
     a, b = ours[node.y], theirs[node.y]
-    bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
-        node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
+    if node.quantized:
+        # Both are FP8 roundings of y / y_scale, and rounding keeps order: each engine's y lies
+        # within its roundings' reach of its exact RMSNorm, so both FP8 values lie between the
+        # roundings of the lowest and highest y either may hold: equal, or a step apart there.
+        sides = [(exact, side_tolerance(dtypes, np.abs(exact), scale))
+                 for exact, dtypes in zip((exact_ours, exact_theirs), roundings(node))]
+        low = np.minimum(*(exact - reach for exact, reach in sides))
+        high = np.maximum(*(exact + reach for exact, reach in sides))
+        bound = sample.quantize_reference(high, node.y_scale) \
+            - sample.quantize_reference(low, node.y_scale)
+    else:
+        bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
+            node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
     ok = bool(np.all(np.isfinite(a)) and np.all(np.abs(a - b) <= bound))
     return ok, float(np.max(np.abs(a - b), initial=0.0))
 

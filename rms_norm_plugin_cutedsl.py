@@ -827,6 +827,10 @@ CLUSTER_CTAS = 4  # CTAs, on as many SMs, that share each row in the cluster pla
 ROWS_IN_SEQUENCE = 2  # rows each CTA of the mid plan normalizes in turn
 BULK_ROW_BYTES = 8192  # on sm_90+, mid-plan rows longer than this arrive in bulk
 MID_BOUND = (480, 2)  # mid plans of 480+ threads ask for 2 CTAs/SM, where it fits
+# The FP8 form writes half of Y's bytes, so loads bound it more: for rows of
+# these bytes the mid plan, a CTA's next row in flight while it stores one,
+# was faster at every count past MID_TOKENS (benchmarks/NOTES.md).
+FP8_MID_ROW_BYTES = (4097, 16384)
 # Plans in which ptxas, choosing registers alone, spills a few bytes to fit one
 # more CTA per SM. They ask for the CTAs per SM the estimate gives, which ptxas
 # meets without a spill. support/check_kernel.py lists such a plan of a copy (a
@@ -1044,14 +1048,22 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
 
 
 def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True,
-                   residual: bool = False) -> tuple:
-    """((plan, ((fewer, most), ...)), ...): each plan and the counts in (fewer, most] it runs."""
+                   residual: bool = False, fp8: bool = False) -> tuple:
+    """((plan, ((fewer, most), ...)), ...): each plan and the counts in (fewer, most] it runs.
+
+    fp8: the FP8 form's, where FP8_MID_ROW_BYTES gives the mid plan more counts.
+    """
     line = row_plan(hidden, elem_bytes)
     cluster_rows = line.cluster[0] if sm90 else 0
     bounds = sorted({FEW_TOKENS, MID_TOKENS, line.mid[0], cluster_rows} - {0})
+    low, high = FP8_MID_ROW_BYTES
+    mid_past_its_count = fp8 and low <= hidden * elem_bytes <= high
     schedule: dict = {}
     for fewer, most in zip([None] + bounds, bounds + [None]):
-        plan = plan_kernel(hidden, elem_bytes, most, sm90, residual)
+        count = most
+        if mid_past_its_count and (fewer or 0) >= line.mid[0]:
+            count = line.mid[0]  # a count the mid plan serves
+        plan = plan_kernel(hidden, elem_bytes, count, sm90, residual)
         counts = schedule.setdefault(plan, [])
         if counts and counts[-1][1] == fewer:  # two ranges that meet become one
             fewer = counts.pop()[0]
@@ -1060,10 +1072,10 @@ def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True,
 
 
 def schedule_lines(hidden: int, elem_bytes: int = 2, sm90: bool = True,
-                   residual: bool = False) -> list:
+                   residual: bool = False, fp8: bool = False) -> list:
     """The schedule as a reader sees it: one line per plan, with the token counts it serves."""
     lines = []
-    for plan, counts in token_schedule(hidden, elem_bytes, sm90, residual):
+    for plan, counts in token_schedule(hidden, elem_bytes, sm90, residual, fp8):
         spans = []
         for fewer, most in counts:
             first = (fewer or 0) + 1
@@ -1256,7 +1268,7 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
     if y_scale is not None and not has_fp8(arch):
         raise ValueError(f"the FP8 form needs sm_89 or newer (FP8 conversions), got {arch}")
     if plans_by_tokens:
-        schedule = token_schedule(hidden, elem_bytes, sm90, residual)
+        schedule = token_schedule(hidden, elem_bytes, sm90, residual, y_scale is not None)
     else:
         plan = plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
         schedule = ((plan, ((None, None),)),)
@@ -1387,7 +1399,7 @@ def fp8_refusal() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) >= (8, 9):
         return None
-    return (f"{PLUGIN_NAME}: the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
+    return (f"the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
             f"{torch.cuda.get_device_name()} has {major}.{minor}")
 
 
@@ -1466,7 +1478,7 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
             return [x_type] * self.num_outputs
         refusal = fp8_refusal()
         if refusal:
-            raise ValueError(refusal)
+            raise ValueError(f"{PLUGIN_NAME}: {refusal}")
         return [self._y_type()] + [x_type] * (self.num_outputs - 1)
 
     def _y_type(self):
@@ -2022,8 +2034,8 @@ def validate_args(parser: argparse.ArgumentParser,
     return args
 
 
-def check_environment(y_scale=None):
-    """UsageError unless a usable GPU (FP8 for a y_scale), TensorRT and Polygraphy are present."""
+def check_environment():
+    """UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
     if not torch.cuda.is_available():
         raise UsageError("no CUDA GPU is visible; this sample needs an NVIDIA GPU "
                          "of compute capability 8.0 or newer")
@@ -2032,8 +2044,6 @@ def check_environment(y_scale=None):
         name = torch.cuda.get_device_name()
         raise UsageError(f"{name} has compute capability {major}.{minor}; "
                          "the kernel needs 8.0 or newer")
-    if y_scale is not None and fp8_refusal():
-        raise UsageError(fp8_refusal().removeprefix(f"{PLUGIN_NAME}: "))
     try:
         require_tensorrt()
         import polygraphy.backend.trt  # noqa: F401
@@ -2045,7 +2055,8 @@ def build_engine(args: argparse.Namespace):
     """[8] for these flags, through the network API or the ONNX parser."""
     elem_bytes = DTYPES[args.dtype].bytes
     sm90 = is_sm90(gpu_arch())
-    print("\n".join(schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual)))
+    fp8 = args.y_scale is not None
+    print("\n".join(schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual, fp8)))
     counts = (args.min_tokens, args.opt_tokens, args.max_tokens)
     rows = tuple((n, args.hidden_dim) for n in counts)
     shapes = {"X": rows}
@@ -2073,7 +2084,9 @@ def run(args: argparse.Namespace, make_engine) -> int:
     wanted = (args.num_tokens, low, high, odd)
     counts = [n for n in dict.fromkeys(wanted) if n >= low]
     try:
-        check_environment(args.y_scale)
+        check_environment()
+        if args.y_scale is not None and fp8_refusal():
+            raise UsageError(fp8_refusal())
         form = "X + R, then RMSNorm" if args.residual else "RMSNorm"
         if args.y_scale is not None:
             form += f" to FP8 (y_scale {args.y_scale:g})"
@@ -2100,7 +2113,8 @@ def main(args: argparse.Namespace) -> int:
     elem_bytes = DTYPES[args.dtype].bytes
     targets = (("sm_90 and newer", True), ("sm_80 to sm_89", False))
     for target, sm90 in targets:
-        lines = schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual)
+        lines = schedule_lines(args.hidden_dim, elem_bytes, sm90, args.residual,
+                               args.y_scale is not None)
         heading = f"{args.dtype} hidden {args.hidden_dim}, {target}:"
         print(heading, *lines, sep="\n  ")
     return EXIT_CORRECT

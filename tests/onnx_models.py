@@ -243,7 +243,8 @@ REFERENCE_DOMAIN = "rmsnorm.reference"
 def plugin_functions(opset: int):
     """Model-local functions computing what RmsNormPlugin's two forms compute, from its contract:
     "plain" Y = RMSNorm(X) * W; "fused" S = X + R (an Add in X's dtype), then Y = RMSNorm(S) * W.
-    Y is computed in FP32 from X (or S) and W, and rounded once to X's dtype, as the kernel does."""
+    Y is computed in FP32 from X (or S) and W, and rounded once to X's dtype, as the kernel does;
+    "plain_fp8" and "fused_fp8" (quantize=1) round y / y_scale to FP8 E4M3 instead (opset 19+)."""
     epsilon = helper.make_node("Constant", [], ["eps"])
     epsilon.attribute.append(onnx.AttributeProto(name="value_float", ref_attr_name="epsilon",
                                                  type=onnx.AttributeProto.FLOAT))
@@ -264,13 +265,27 @@ def plugin_functions(opset: int):
                 helper.make_node("Mul", ["normalized", "w32"], ["y32"]),
                 helper.make_node("CastLike", ["y32", x], ["Y"])]
 
-    def function(name, inputs, outputs, nodes):
-        return helper.make_function(REFERENCE_DOMAIN, name, inputs, outputs, nodes,
-                                    [helper.make_opsetid("", opset)], attributes=["epsilon"])
+    def fp8(nodes):
+        """The FP8 form (quantize=1): y32 / y_scale rounded to E4M3 (nearest even, saturated)."""
+        y_scale = helper.make_node("Constant", [], ["y_scale"])
+        y_scale.attribute.append(onnx.AttributeProto(name="value_float", ref_attr_name="y_scale",
+                                                     type=onnx.AttributeProto.FLOAT))
+        zero = helper.make_node("Constant", [], ["zero"], value=TensorProto(
+            name="zero", data_type=TensorProto.FLOAT8E4M3FN, raw_data=b"\0"))
+        quantize = helper.make_node("QuantizeLinear", ["y32", "y_scale", "zero"], ["Y"])
+        return nodes[:-1] + [y_scale, zero, quantize]  # in place of the CastLike to X's dtype
 
+    def function(name, inputs, outputs, nodes, attributes=("epsilon",)):
+        return helper.make_function(REFERENCE_DOMAIN, name, inputs, outputs, nodes,
+                                    [helper.make_opsetid("", opset)], attributes=list(attributes))
+
+    fused = [helper.make_node("Add", ["X", "R"], ["S"])] + norm("S")
+    both = ("epsilon", "y_scale")
+    fp8_forms = [function("plain_fp8", ["X", "W"], ["Y"], fp8(norm("X")), both),
+                 function("fused_fp8", ["X", "R", "W"], ["Y", "S"], fp8(fused), both)]
     return [function("plain", ["X", "W"], ["Y"], norm("X")),
-            function("fused", ["X", "R", "W"], ["Y", "S"],
-                     [helper.make_node("Add", ["X", "R"], ["S"])] + norm("S"))]
+            function("fused", ["X", "R", "W"], ["Y", "S"], fused)] \
+        + (fp8_forms if opset >= 19 else [])  # ONNX's QuantizeLinear writes FP8 from opset 19
 
 
 def runnable_by_onnxruntime(model, watched=()):
@@ -285,9 +300,106 @@ def runnable_by_onnxruntime(model, watched=()):
             node.domain = REFERENCE_DOMAIN
             del node.attribute[:]
             node.attribute.append(helper.make_attribute("epsilon", attributes["epsilon"]))
+            if attributes.get("quantize") == 1:
+                node.op_type += "_fp8"
+                node.attribute.append(helper.make_attribute("y_scale", attributes["y_scale"]))
     model.functions.extend(plugin_functions(opset))
     model.opset_import.append(helper.make_opsetid(REFERENCE_DOMAIN, 1))
     outputs = {o.name for o in model.graph.output}
     model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in watched
                               if name not in outputs)
     return model
+
+
+# -- FP8 Q/DQ as NVIDIA Model Optimizer writes them --------------------------------------------
+
+FP8_MAX = 448.0
+
+
+def fp8_qdq_before_matmuls(path, out):
+    """The exported model at `path` with FP8 Q/DQ pairs before its MatMuls, written to `out`.
+
+    The pattern mirrors what nvidia-modelopt 0.47.0 writes for
+    ``modelopt.onnx.quantization.quantize(path, quantize_mode="fp8",
+    op_types_to_quantize=["MatMul"], calibration_eps=["cpu"])`` on an fp16 export
+    (checked once against its real output; modelopt itself is not a test
+    dependency: its [onnx] extra pins onnx 1.21 and pulls cupy and
+    onnxruntime-gpu). For each MatMul input:
+
+    * an activation: ``<t>_QuantizeLinear`` -> ``<t>_DequantizeLinear``, outputs
+      ``<t>_QuantizeLinear_Output`` and ``<t>_DequantizeLinear_Output``, a scalar
+      scale of the activation's dtype (``<t>_scale_1`` for Q, ``<t>_scale_2`` for
+      DQ), a scalar FLOAT8E4M3FN zero point 0 (``<t>_zero_point_1`` / ``_2``), no
+      attributes; every reader of ``<t>`` then reads the DQ's output;
+    * a weight initializer [K, N]: the same pair with ``axis=1``, one scale and
+      zero point per output column.
+
+    Scales are max calibration (amax / 448, one of modelopt's methods) from
+    onnxruntime's run of the model on example_inputs(); the opset stays the
+    export's (23 here; modelopt raises it to 19 where it is lower).
+    """
+    import onnxruntime
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    matmul_inputs = list(dict.fromkeys(name for node in graph.node if node.op_type == "MatMul"
+                                       for name in node.input))
+    activations = [name for name in matmul_inputs if name not in weights]
+
+    # Max calibration: each activation's largest magnitude on the example inputs.
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in activations)
+    session = onnxruntime.InferenceSession(probe.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    ids, mask = (t.numpy() for t in example_inputs())
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    values = dict(zip(activations, session.run(activations, feeds)))
+
+    def pair(name, scale, axis=None):
+        """Q and DQ nodes and their initializers for tensor `name`, `scale` in its dtype."""
+        zero = TensorProto(name="", data_type=TensorProto.FLOAT8E4M3FN, dims=list(scale.shape),
+                           raw_data=bytes(scale.size))
+        attrs = {} if axis is None else {"axis": axis}
+        inits = []
+        for k in (1, 2):
+            inits.append(numpy_helper.from_array(scale, f"{name}_scale_{k}"))
+            point = TensorProto()
+            point.CopyFrom(zero)
+            point.name = f"{name}_zero_point_{k}"
+            inits.append(point)
+        quantized = f"{name}_QuantizeLinear_Output"
+        nodes = [helper.make_node("QuantizeLinear",
+                                  [name, f"{name}_scale_1", f"{name}_zero_point_1"], [quantized],
+                                  name=f"{name}_QuantizeLinear", **attrs),
+                 helper.make_node("DequantizeLinear",
+                                  [quantized, f"{name}_scale_2", f"{name}_zero_point_2"],
+                                  [f"{name}_DequantizeLinear_Output"],
+                                  name=f"{name}_DequantizeLinear", **attrs)]
+        return nodes, inits
+
+    after = {}  # producer's output name (or "" for the graph's start) -> the pairs that follow it
+    renamed = {}
+    for name in matmul_inputs:
+        if name in weights:
+            w = numpy_helper.to_array(weights[name])
+            scale = (np.abs(w.astype(np.float32)).max(axis=0) / FP8_MAX).astype(w.dtype)
+            nodes, inits = pair(name, scale, axis=1)
+        else:
+            v = values[name]
+            scale = np.array(np.abs(v.astype(np.float32)).max() / FP8_MAX, dtype=v.dtype)
+            nodes, inits = pair(name, scale)
+        after.setdefault(name, []).extend(nodes)
+        graph.initializer.extend(inits)
+        renamed[name] = f"{name}_DequantizeLinear_Output"
+    produced = {out for node in graph.node for out in node.output}
+    ordered = [n for name, pairs in after.items() if name not in produced for n in pairs]
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            node.input[k] = renamed.get(name, name)
+        ordered.append(node)
+        ordered.extend(n for out in node.output for n in after.get(out, ()))
+    del graph.node[:]
+    graph.node.extend(ordered)
+    onnx.save(model, str(out))
+    return out

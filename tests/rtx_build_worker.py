@@ -41,6 +41,7 @@ Spec keys (all optional):
                      by path as rms_norm_onnx_model.build_engine does, so external data is read beside it
     shapes           for source "model": {input name: [min shape, opt shape, max shape]}
     watched          for source "model": tensors also marked as outputs (build_engine's `watched`)
+    compute_capability  the engine's one target (default "SM80"; "SM89", RTX's first with FP8)
     buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a
                      PluginField over a temporary array) plus allocator churn,
                      to show the engine-record check catches a dangling buffer
@@ -80,7 +81,7 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 DEFAULTS = dict(
     dtype="float16", w_dtype="float32", x_hidden=1024, w_hidden=1024, x_rank=2, epsilon=1e-5, epsilon_type="float",
     profile=[1, 128, 512], buggy_serialize=False, source="test_onnx", model_path=None, shapes=None, watched=[],
-    residual=False, r_dtype=None, r_hidden=None,
+    residual=False, r_dtype=None, r_hidden=None, compute_capability="SM80",
 )
 
 
@@ -279,7 +280,7 @@ def build(spec: dict) -> dict:
     config = builder.create_builder_config()
     # An explicit target: ComputeCapability.CURRENT needs a GPU and aborts the process without one.
     config.num_compute_capabilities = 1
-    config.set_compute_capability(trt.ComputeCapability.SM80, 0)
+    config.set_compute_capability(getattr(trt.ComputeCapability, spec["compute_capability"]), 0)
     profile = builder.create_optimization_profile()
     if spec["source"] == "model":
         for name, (low, opt, high) in spec["shapes"].items():

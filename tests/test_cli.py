@@ -365,6 +365,27 @@ def test_epsilon_limits_are_float32s(epsilon, accepted):
         assert info.value.code == EXIT_USAGE
 
 
+@pytest.mark.parametrize("y_scale, accepted", [
+    ("1.1754944e-38", True),  # 2**-126, float32's smallest normal: 1 / y_scale is finite
+    ("1e-39", False),         # a float32 subnormal
+    ("3.4e38", True), ("3.5e38", False),
+    ("0", False), ("-0.5", False), ("nan", False), ("inf", False),
+])
+def test_y_scale_limits_are_float32_normals_and_a_refusal_is_one_sentence(y_scale, accepted, capsys):
+    import rms_norm_plugin_cutedsl as sample
+
+    parser = sample.make_parser("test")
+    args = parser.parse_args([f"--y-scale={y_scale}"])
+    if accepted:
+        assert sample.validate_args(parser, args) is args
+        return
+    with pytest.raises(SystemExit) as info:
+        sample.validate_args(parser, args)
+    assert info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: --y-scale must be finite and >= 2^-126") and err.count("\n") == 1
+
+
 class RecordingContext(ContextDouble):
     """ContextDouble that records which tensors run_and_check binds and which input shapes it sets."""
 

@@ -23,7 +23,8 @@ CASES = [(1024, "float16"), (4096, "bfloat16"), (16384, "float16"), (2560, "floa
 
 def schedule_plans(hidden, dtype, arch, residual):
     elem_bytes = sample.DTYPES[dtype].bytes
-    return [plan for plan, _ in sample.token_schedule(hidden, elem_bytes, sample.is_sm90(arch), residual)]
+    schedule = sample.token_schedule(hidden, elem_bytes, sample.is_sm90(arch), residual, fp8=True)
+    return [plan for plan, _ in schedule]
 
 
 def compiled_ptx(plan, dtype, arch, y_scale=Y_SCALE):

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -390,8 +391,13 @@ def run_onnxruntime(model, feeds: dict) -> dict:
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(model.SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return {name: value.astype(np.float64) for name, value in zip(names, session.run(names, feeds))}
+    outputs = session.get_outputs()
+    names = [o.name for o in outputs]
+    values = session.run(names, feeds)
+    # onnxruntime hands an FP8 tensor over as its bytes (uint8): read them as E4M3FN.
+    fp8 = ml_dtypes.float8_e4m3fn
+    return {o.name: (value.view(fp8) if o.type == "tensor(float8e4m3fn)" else value)
+            .astype(np.float64) for o, value in zip(outputs, values)}
 
 
 @pytest.mark.parametrize("name", ONNXRUNTIME_CHECKED)

@@ -62,7 +62,8 @@ def test_the_record_holds_every_flag_that_shapes_the_engine(saved_path):
     assert saved_record == {"source": "plugin", "plugin": "RmsNormPlugin v1", "dtype": "float16",
                             "weight_dtype": "float32", "hidden": 1024,
                             "profile": [1, 128, 512], "epsilon": float(np.float32(1e-5)),
-                            "residual": False, "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
+                            "residual": False, "y_scale": None,
+                            "sha256": hashlib.sha256(ENGINE_BYTES).hexdigest()}
 
 
 def test_a_record_written_before_the_residual_form_is_a_plain_engines(saved_path):

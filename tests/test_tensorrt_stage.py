@@ -135,7 +135,7 @@ def test_build_engine_makes_the_network_the_flags_ask_for_with_their_profile(bui
     assert sample.build_engine(flags(*argv, *(["--from-onnx"] if from_onnx else []))) == "engine"
     (made, network_args, _), (built, (network_type, shapes), alive) = builders
     assert made == ("onnx_network" if from_onnx else "plugin_network") and built == "build_from_network"
-    assert network_args == (4096, "bfloat16", 1e-3, "float16", False)
+    assert network_args == (4096, "bfloat16", 1e-3, "float16", False, None)
     assert network_type is Network
     assert shapes == {"X": ((3, 4096), (37, 4096), (511, 4096))}
     if not from_onnx:
@@ -147,8 +147,15 @@ def test_the_residual_flag_builds_the_fused_form_with_r_in_the_profile(builders,
     argv = ["--residual", "--min-tokens", "3", "--opt-tokens", "37", "--max-tokens", "511", "--num-tokens", "100"]
     sample.build_engine(flags(*argv, *(["--from-onnx"] if from_onnx else [])))
     (_, network_args, _), (_, (_, shapes), _) = builders
-    assert network_args[-1] is True
+    assert network_args[-2] is True
     assert shapes == {name: ((3, 1024), (37, 1024), (511, 1024)) for name in ("X", "R")}
+
+
+@pytest.mark.parametrize("from_onnx", [False, True])
+def test_the_y_scale_flag_builds_the_fp8_form_with_that_scale(builders, capsys, from_onnx):
+    sample.build_engine(flags("--y-scale", "0.0375", *(["--from-onnx"] if from_onnx else [])))
+    (_, network_args, _), _ = builders
+    assert network_args[-1] == 0.0375
 
 
 @pytest.mark.parametrize("arch, sm90", [("sm_90a", True), ("sm_86", False)])

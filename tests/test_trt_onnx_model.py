@@ -59,6 +59,10 @@ MODELS = {
     "genai_style_nodes": lambda d: onnx_models.save(onnx_models.genai_style_model(), d / "m.onnx"),
     "mistral_dynamo_default_opset_fp32_int32_inputs": lambda d: onnx_models.export_dynamo(
         d / "m.onnx", "mistral", "float32", opset=None, index_dtype="int32"),
+    # FP8 Q/DQ before the MatMuls (Model Optimizer's pattern): every norm's Quantize folded, the
+    # plugin's FP8 Y compared with TensorRT's QuantizeLinear output (SM89+)
+    "llama_dynamo_opset23_fp8_qdq": lambda d: onnx_models.fp8_qdq_before_matmuls(
+        onnx_models.export_dynamo(d / "m.onnx", "llama", "float16"), d / "fp8.onnx"),
 }
 
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Time plans of the FP8 form against FlashInfer's rmsnorm_quant (or fused_add_rmsnorm_quant) at a few shapes.
+
+The FP8 form writes one byte per element of Y instead of two: at many tokens a row costs 3 bytes an
+element (plain) or 7 (residual) instead of 4 or 8, so the plan the 16-bit table picked may not be the
+fastest one. Each plan (time_plans.py's spec: tTkK[s][b][l][rR][qQ][cC][mM], or "own" for the schedule's
+plan at that count) is compiled in the FP8 form and timed by CUDA-graph replay, cycling through L2-cold
+buffer sets as benchmarks/bench_quantized.py does; the table gives medians over rounds of time / FlashInfer.
+
+    python3 benchmarks/experiments/fp8_plans.py --shapes 16384x4096,4096x8192 --plans own,t128k4,t64k8
+"""
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
+
+import torch  # noqa: E402
+
+import rms_norm_plugin_cutedsl as sample  # noqa: E402
+from bench_decoder import buffer_sets, cycling  # noqa: E402
+from bench_quantized import load_flashinfer  # noqa: E402
+from bench_rms_norm import graph_timer, parse_shapes  # noqa: E402
+from time_plans import parse_plan  # noqa: E402
+
+EPS = 1e-5
+Y_SCALE = 2.0**-6
+
+
+def plan_of(spec, hidden, elem_bytes, tokens, residual):
+    """The plan a spec names, in the form timed."""
+    if spec == "own":
+        return sample.plan_kernel(hidden, elem_bytes, tokens, True, residual)
+    plan = parse_plan(spec, hidden, elem_bytes)
+    return sample.KernelPlan(**{**plan.__dict__, "residual": residual})
+
+
+def timers(dtype, tokens, hidden, specs, residual, flashinfer):
+    """{column: timer} for the plans and FlashInfer at one shape, and the buffers they use."""
+    tdt = getattr(torch, dtype)
+    elem_bytes = sample.DTYPES[dtype].bytes
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16).float()
+    w_lp = w.to(tdt)
+    scale = torch.tensor([Y_SCALE], device="cuda")
+    sets = [(torch.randn(tokens, hidden, device="cuda", dtype=tdt),
+             torch.randn(tokens, hidden, device="cuda", dtype=tdt))
+            for _ in range(buffer_sets(tokens, hidden, 7 if residual else 3))]
+    keep = [w, w_lp, scale, sets]
+
+    def stream():
+        return sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+    def cute(*tensors):
+        return [sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in tensors]
+
+    out = {}
+    for spec in specs:
+        plan = plan_of(spec, hidden, elem_bytes, tokens, residual)
+        schedule = ((plan, ((None, None),)),)
+        launcher = sample.compile_launcher(schedule, dtype, "float32", EPS, sample.gpu_arch(),
+                                           y_scale=Y_SCALE)
+        keep.append(launcher)  # a graph replays its kernel: the module must stay loaded
+        calls = []
+        for x, r in sets:
+            y = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+            s = torch.empty_like(x)
+            keep.append((y, s))
+            tensors = cute(x, w, y, r, s)
+            extra = tensors[3:] if residual else []
+            calls.append(lambda t=tensors, e=extra, f=launcher: f(*t[:3], tokens, stream(), *e))
+        out[f"{spec} ({plan})"] = graph_timer(cycling(calls), tokens, hidden)
+    if flashinfer is not None:
+        calls = []
+        for x, r in sets:
+            y = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+            ri = r.clone()
+            keep.append((y, ri))
+            if residual:
+                calls.append(lambda y=y, x=x, r=ri: flashinfer["residual"](y, x, r, w_lp, scale, EPS))
+            else:
+                calls.append(lambda y=y, x=x: flashinfer["plain"](y, x, w_lp, scale, EPS))
+        out["flashinfer"] = graph_timer(cycling(calls), tokens, hidden)
+    return out, keep
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", required=True, metavar="NxH,...")
+    parser.add_argument("--plans", default="own", metavar="SPEC,...")
+    parser.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
+    parser.add_argument("--residual", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    flashinfer, why = load_flashinfer()
+    if why:
+        print(f"FlashInfer: {why}")
+    for tokens, hidden in parse_shapes(args.shapes):
+        columns, _keep = timers(args.dtype, tokens, hidden, args.plans.split(","), args.residual,
+                                flashinfer)
+        times = {name: [] for name in columns}
+        for i in range(args.rounds):
+            names = list(columns)
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                times[name].append(columns[name]())
+        base = times.get("flashinfer")
+        for name, values in times.items():
+            ratio = ""
+            if base:
+                ratio = f"  / FlashInfer {statistics.median(v / b for v, b in zip(values, base)):.3f}"
+            print(f"{tokens}x{hidden} {args.dtype} {name}: {statistics.median(values):.2f} us{ratio}")
+
+
+if __name__ == "__main__":
+    main()
