@@ -91,7 +91,8 @@ AOT_FP8_PTX_ISA = {"sm_89": "8.1", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a":
 def check_aot_arch(arch: str, fp8: bool = False):
     """Raise UsageError unless the AOT flavor has a PTX version for `arch`, in the FP8 form too."""
     if arch not in AOT_PTX_ISA:
-        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {', '.join(AOT_PTX_ISA)}")
+        supported = ", ".join(AOT_PTX_ISA)
+        raise UsageError(f"no AOT PTX version is chosen for {arch}; supported: {supported}")
     if fp8 and arch not in AOT_FP8_PTX_ISA:
         raise UsageError(f"the FP8 form (--y-scale) needs sm_89 or newer, which convert to FP8 "
                          f"in hardware, got {arch}")
@@ -324,7 +325,8 @@ def register_aot_op(arch: str):
 
 
 def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                     w_dtype: str = "float32", residual: bool = False, y_scale: float | None = None):
+                     w_dtype: str = "float32", residual: bool = False,
+                     y_scale: float | None = None):
     """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself.
 
     Its tensors are named as the sample's (io_names): X, W -> Y, or with `residual` X, R, W -> Y, S.
@@ -398,8 +400,7 @@ def main(argv=None) -> int:
     if args.plans:
         print(f"every token count: {plan.describe()}")
         return sample.EXIT_CORRECT
-    fp8 = args.y_scale is not None
-    record = saved.engine_record(args, "aot", op_name(args.residual, fp8))
+    record = saved.engine_record(args, "aot", op_name(args.residual, args.y_scale is not None))
     data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
@@ -408,8 +409,6 @@ def main(argv=None) -> int:
                                     args.epsilon, args.weight_dtype, args.residual, args.y_scale)
 
     def make_engine(args):
-        if fp8:  # refused before TensorRT loads or builds anything
-            check_aot_arch(sample.gpu_arch(), fp8=True)
         check_aot_support()
         print(f"AOT kernel, every token count: {plan.describe()}")
         if args.engine is None:

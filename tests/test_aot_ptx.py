@@ -152,8 +152,9 @@ def test_unknown_arch_is_refused():
         aot.aot_kernel("float16", 1024, 1e-5, "sm_70")
 
 
-# The FP8 form (Y as FP8 E4M3): the PTX versions chosen for it, by hand. ptxas takes the conversion to E4M3
-# on sm_90 from ISA 7.8 (below sm_90a's own 8.0) but on sm_89 only from 8.1; sm_80 and sm_86 have none.
+# The FP8 form (Y as FP8 E4M3): the PTX versions chosen for it, by hand. ptxas takes the conversion
+# to E4M3 on sm_90 from ISA 7.8 (below sm_90a's own 8.0) but on sm_89 only from 8.1; sm_80 and
+# sm_86 have none.
 FP8_ISA = {"sm_89": "8.1", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
 Y_SCALE = 0.3  # not a power of two: 1 / y_scale is an immediate of its own in the PTX
 FP8_CASES = [("float16", "float32", 1024), ("bfloat16", "bfloat16", 100), ("float32", "float16", 7),
@@ -174,14 +175,16 @@ def test_the_fp8_form_has_a_ptx_version_for_exactly_the_fp8_capable_arches():
 @pytest.mark.parametrize("arch", list(FP8_ISA))
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("dtype, w_dtype, hidden", FP8_CASES)
-def test_fp8_entry_keeps_the_calling_convention_and_bakes_in_y_scale(arch, residual, dtype, w_dtype, hidden):
-    """The FP8 form's parameters are the other forms' (Y a pointer like any), its Y converted by the saturating
-    cvt to E4M3, 1 / y_scale an immediate, and the declared ISA the FP8 form's own."""
+def test_fp8_entry_keeps_the_calling_convention_and_bakes_in_y_scale(arch, residual, dtype, w_dtype,
+                                                                     hidden):
+    """The FP8 form's parameters are the other forms' (Y a pointer like any), its Y converted by the
+    saturating cvt to E4M3, 1 / y_scale an immediate, and the declared ISA the FP8 form's own."""
     name, ptx, plan = fp8_kernel(dtype, w_dtype, hidden, arch, residual)
     (entry,) = re.findall(rf"^\.visible \.entry {name}\(([^)]*)\)", ptx, re.M)
     pointers = ["u64"] * (3 if residual else 2) + ["u32"] + ["u64"] * (2 if residual else 1)
     assert re.findall(r"\.param \.(\w+)", entry) == pointers
-    assert plan == aot.aot_plan(hidden, sample.DTYPES[dtype].bytes, residual), "the plan does not change"
+    same_plan = aot.aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
+    assert plan == same_plan, "Y is not staged: the FP8 form's plan is the other forms'"
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert f32_literal(1.0 / sample.validate_y_scale(Y_SCALE)) in ptx and f32_literal(1e-5) in ptx
     assert re.search(rf"^\.target {arch}\b", ptx, re.M)
@@ -192,13 +195,15 @@ def test_fp8_entry_keeps_the_calling_convention_and_bakes_in_y_scale(arch, resid
 @pytest.mark.parametrize("arch", list(FP8_ISA))
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("dtype, w_dtype, hidden", FP8_CASES)
-def test_fp8_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, residual, dtype, w_dtype, hidden):
+def test_fp8_ptx_assembles_at_the_chosen_isa_version(tmp_path, arch, residual, dtype, w_dtype,
+                                                     hidden):
     assemble(tmp_path, arch, fp8_kernel(dtype, w_dtype, hidden, arch, residual)[1])
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
 def test_sm_89s_fp8_ptx_needs_isa_8_1(tmp_path):
-    """Why sm_89's FP8 form declares 8.1 where its other forms declare 8.0: ptxas refuses the E4M3 cvt there."""
+    """Why sm_89's FP8 form declares 8.1 where its other forms declare 8.0: ptxas refuses the E4M3
+    cvt there."""
     ptx = fp8_kernel("float16", "float32", 1024, "sm_89", False)[1]
     path = tmp_path / "k.ptx"
     path.write_text(ptx.replace(".version 8.1\n", ".version 8.0\n", 1))
@@ -209,15 +214,16 @@ def test_sm_89s_fp8_ptx_needs_isa_8_1(tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86"])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
-def test_the_fp8_form_is_refused_without_fp8_in_one_sentence_before_compiling(monkeypatch, arch, residual):
+def test_the_fp8_form_is_refused_without_fp8_in_one_sentence_before_compiling(monkeypatch, arch,
+                                                                              residual):
     def compile_launcher(*args):
         raise AssertionError("compiled before refusing")
 
     monkeypatch.setattr(sample, "compile_launcher", compile_launcher)
     with pytest.raises(sample.UsageError) as info:
         aot.aot_kernel("float16", 1024, 1e-5, arch, residual=residual, y_scale=1.0)
-    assert str(info.value) == (f"the FP8 form (--y-scale) needs sm_89 or newer, which convert to FP8 in "
-                               f"hardware, got {arch}")
+    assert str(info.value) == ("the FP8 form (--y-scale) needs sm_89 or newer, which convert to "
+                               f"FP8 in hardware, got {arch}")
 
 
 @pytest.mark.parametrize("y_scale", [0.0, -1.0, float("inf"), float("nan"), 1e-39])

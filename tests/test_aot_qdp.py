@@ -118,7 +118,8 @@ def trtp(request, bindings_wheels, monkeypatch):
 
 def built_aot_plugin(trt, trtp, epsilon, residual=False, y_scale=None):
     """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT.
-    residual: the fused op's, op(x, r, w, epsilon=...); y_scale: the FP8 op's, op(..., y_scale=...)."""
+    residual: the fused op's, op(x, r, w, epsilon=...); y_scale: the FP8 op's,
+    op(..., epsilon=..., y_scale=...)."""
     ops = trtp.op.rms_norm_cutedsl
     if y_scale is None:
         op = ops.add_rms_norm if residual else ops.rms_norm
@@ -139,10 +140,11 @@ def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
     return desc
 
 
-def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None, y_type=None):
+def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None,
+          y_type=None):
     """Drive the plugin through a build's calls; returns (output shape exprs, formats, launch params, extra args,
-    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless r_shape.
-    y_type: Y's dtype where it is not X's (the FP8 ops)."""
+    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless
+    r_shape. y_type: Y's dtype where it is not X's (the FP8 ops)."""
     y_type = io_type if y_type is None else y_type
     w_type = trt.DataType.FLOAT if w_type is None else w_type
     builder = trt.IExprBuilder()
@@ -161,7 +163,8 @@ def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=Fals
     def rows(dtype=io_type):
         return io_desc(trt, dtype, (-1, hidden), (1, hidden), (128, hidden), (512, hidden))
 
-    in_out = [rows() for _ in row_dims] + [io_desc(trt, w_type, (hidden,))] + [rows(t) for t in out_types]
+    in_out = ([rows() for _ in row_dims] + [io_desc(trt, w_type, (hidden,))]
+              + [rows(t) for t in out_types])
     formats = plugin.get_supported_format_combinations(in_out, num_inputs)
     plugin.configure_plugin(in_out[:num_inputs], in_out[num_inputs:])
     plugin.set_tactic(0)
@@ -318,22 +321,22 @@ def test_tensorrt_10_8_is_refused_with_the_version_needed(bindings_wheels, monke
 
 
 
-# The FP8 ops: Y as FP8 E4M3 of y / y_scale, the launch the other ops' (Y is not staged, so the plan is theirs).
-Y_SCALE = 0.375  # 1 / y_scale = 8 / 3, not a power of two: an immediate the PTX holds only in this form
-FP8_CASES = [(1024, "HALF", "FLOAT"), (1024, "BF16", "BF16"), (1024, "FLOAT", "HALF"), (4096, "HALF", "FLOAT"),
-             (2048, "FLOAT", "FLOAT")]
+# The FP8 ops: Y as FP8 E4M3 of y / y_scale, launched as the other ops (Y is not staged: same plan).
+Y_SCALE = 0.375  # 1 / y_scale = 8 / 3, not a power of two: an immediate only this form's PTX holds
+FP8_CASES = [(1024, "HALF", "FLOAT"), (1024, "BF16", "BF16"), (1024, "FLOAT", "HALF"),
+             (4096, "HALF", "FLOAT"), (2048, "FLOAT", "FLOAT")]
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("hidden, io, w", FP8_CASES)
 def test_tensorrt_plugin_builds_the_fp8_aot_ops(trtp, residual, hidden, io, w):
-    """rms_norm_fp8: (X, W) -> Y in FP8; add_rms_norm_fp8: (X, R, W) -> (Y in FP8, S in X's dtype). Y is FP8
-    in every format combination, the PTX stores it through the saturating E4M3 cvt with y_scale baked in."""
+    """rms_norm_fp8: (X, W) -> Y in FP8; add_rms_norm_fp8: (X, R, W) -> (Y in FP8, S in X's dtype).
+    Y is FP8 in every format combination, stored by the saturating E4M3 cvt, y_scale baked in."""
     trt, package = trtp
     io_type, w_type, fp8 = getattr(trt.DataType, io), getattr(trt.DataType, w), trt.DataType.FP8
     plugin = built_aot_plugin(trt, package, EPS, residual, y_scale=Y_SCALE)
-    out_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type,
-                                                          residual=residual, y_type=fp8)
+    built = build(trt, plugin, hidden, io_type, w_type=w_type, residual=residual, y_type=fp8)
+    out_dims, formats, launch, extra, (name, ptx) = built
 
     assert len(out_dims) == (2 if residual else 1)
     for dims in out_dims:
@@ -341,11 +344,11 @@ def test_tensorrt_plugin_builds_the_fp8_aot_ops(trtp, residual, hidden, io, w):
         assert not dims[0].is_constant()
     width = 5 if residual else 3
     combos = {tuple(d.type for d in formats[i:i + width]) for i in range(0, len(formats), width)}
+    dtype = {name_: getattr(trt.DataType, name_) for name_ in TYPES}
     if residual:
-        expected = {tuple(getattr(trt.DataType, t) for t in (x, x, w_)) + (fp8, getattr(trt.DataType, x))
-                    for x in TYPES for w_ in TYPES}
+        expected = {(dtype[x], dtype[x], dtype[w_], fp8, dtype[x]) for x in TYPES for w_ in TYPES}
     else:
-        expected = {(getattr(trt.DataType, x), getattr(trt.DataType, w_), fp8) for x in TYPES for w_ in TYPES}
+        expected = {(dtype[x], dtype[w_], fp8) for x in TYPES for w_ in TYPES}
     assert combos == expected, "X (R, S) of one dtype, any W, Y FP8: nine combinations"
     assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
 
@@ -354,8 +357,9 @@ def test_tensorrt_plugin_builds_the_fp8_aot_ops(trtp, residual, hidden, io, w):
     pointers = ["u64"] * (3 if residual else 2) + ["u32"] + ["u64"] * (2 if residual else 1)
     assert re.findall(r"\.param \.(\w+)", entry) == pointers
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert f32_literal(1 / Y_SCALE) in ptx and f32_literal(EPS) in ptx, "y_scale and epsilon baked in"
-    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M) and re.search(r"^\.version 8\.0$", ptx, re.M)
+    assert f32_literal(1 / Y_SCALE) in ptx and f32_literal(EPS) in ptx, "both baked in"
+    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M)
+    assert re.search(r"^\.version 8\.0$", ptx, re.M)
 
     table = FUSED_LAUNCH if residual else LAUNCH
     rows_per_cta, block, smem = table[hidden, 4 if io == "FLOAT" else 2]
@@ -368,20 +372,23 @@ def test_tensorrt_plugin_builds_the_fp8_aot_ops(trtp, residual, hidden, io, w):
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
-def test_the_fp8_ops_refuse_a_gpu_without_fp8_in_one_sentence(bindings_wheels, monkeypatch, residual):
-    """Registered for sm_80, the FP8 op's aot_impl refuses with one sentence naming sm_89 (a build on such a
-    GPU stops before this: build_aot_engine asks check_aot_arch first)."""
+def test_the_fp8_ops_refuse_a_gpu_without_fp8_in_one_sentence(bindings_wheels, monkeypatch,
+                                                              residual):
+    """Registered for sm_80, the FP8 op's aot_impl refuses with one sentence naming sm_89 (a build
+    on such a GPU stops before this: build_aot_engine asks check_aot_arch first)."""
     trt, package = registered(bindings_wheels(PINNED), PINNED, "sm_80", monkeypatch)
     plugin = built_aot_plugin(trt, package, EPS, residual, y_scale=Y_SCALE)
-    with pytest.raises(sample.UsageError, match=r"^the FP8 form \(--y-scale\) needs sm_89 or newer, which "
-                                                r"convert to FP8 in hardware, got sm_80$"):
+    sentence = (r"^the FP8 form \(--y-scale\) needs sm_89 or newer, which convert to FP8 in "
+                r"hardware, got sm_80$")
+    with pytest.raises(sample.UsageError, match=sentence):
         build(trt, plugin, 1024, trt.DataType.HALF, residual=residual, y_type=trt.DataType.FP8)
 
 
 @pytest.mark.parametrize("y_scale", [0.5, None], ids=["fp8", "plain"])
-def test_build_aot_engine_refuses_the_fp8_form_on_sm_80_before_building(bindings_wheels, monkeypatch, y_scale):
-    """On a GPU without FP8, build_aot_engine refuses the FP8 op in one sentence before it registers an op or
-    makes a network (TensorRT would only log aot_impl's error); the plain op goes on to build."""
+def test_build_aot_engine_refuses_the_fp8_form_on_sm_80_before_building(bindings_wheels,
+                                                                         monkeypatch, y_scale):
+    """On a GPU without FP8, build_aot_engine refuses the FP8 op in one sentence before it registers
+    an op or makes a network (TensorRT would only log aot_impl's error); the plain op builds on."""
     trt, _ = registered(bindings_wheels(PINNED), PINNED, ARCH, monkeypatch)
     monkeypatch.setattr(sample, "gpu_arch", lambda: "sm_80")  # double: there is no GPU to ask
 
@@ -389,6 +396,9 @@ def test_build_aot_engine_refuses_the_fp8_form_on_sm_80_before_building(bindings
         raise RuntimeError(f"building for {arch}")
 
     monkeypatch.setattr(aot, "register_aot_op", register_aot_op)
-    expected = (sample.UsageError, "the FP8 form") if y_scale is not None else (RuntimeError, "building for sm_80")
+    if y_scale is None:
+        expected = (RuntimeError, "building for sm_80")
+    else:
+        expected = (sample.UsageError, "the FP8 form")
     with pytest.raises(expected[0], match=expected[1]):
         aot.build_aot_engine(1024, "float16", 1, 128, 512, 1e-5, y_scale=y_scale)

@@ -122,17 +122,17 @@ def test_residual_aot_ptx_runs_under_tensorrts_calling_convention(arch, dtype, h
         ok(cu.cuModuleUnload(module))
 
 
-# The FP8 form: Y stored as FP8 E4M3 of y / y_scale. The kernel computes y in FP32 with an approximate rsqrt,
-# so where the float64 y lies within 2^-16 (relative) of a midpoint between two FP8 values, either neighbour is
-# right; everywhere else only the float64 reference's rounding is.
+# The FP8 form: Y stored as FP8 E4M3 of y / y_scale. The kernel computes y in FP32 with an
+# approximate rsqrt, so where the float64 y lies within 2^-16 (relative) of a midpoint between two
+# FP8 values, either neighbour is right; everywhere else only the float64 reference's rounding is.
 FP8_SLACK = 2.0 ** -16
-# 2^-7 sends the largest |y| (about 7) past 448, where the cvt saturates; 0.3 is not a power of two; 16 puts
-# most of Y below 2^-6, among E4M3's subnormals.
+# 2^-7 sends the largest |y| (about 7) past 448, where the cvt saturates; 0.3 is not a power of
+# two; 16 puts most of Y below 2^-6, among E4M3's subnormals.
 FP8_SCALES = [2.0 ** -7, 0.3, 16.0]
 
 
 def decode_e4m3(bits: np.ndarray) -> np.ndarray:
-    """FP8 E4M3 (fn: no infinities, S.1111.111 is NaN) bytes as float64, by the format's definition."""
+    """FP8 E4M3 bytes as float64, by the format's definition (fn: no infinities, S.1111.111 NaN)."""
     bits = bits.astype(np.int64)
     sign = np.where(bits & 0x80, -1.0, 1.0)
     exponent, mantissa = (bits >> 3) & 0xF, bits & 0x7
@@ -142,15 +142,16 @@ def decode_e4m3(bits: np.ndarray) -> np.ndarray:
 
 
 def fp8_bounds(y64: np.ndarray, y_scale: float):
-    """The lowest and highest FP8 value (as float64) the kernel may store for each float64 y: the references of
-    y moved 2^-16 either way, equal unless a rounding midpoint lies that close (the rounding is monotonic)."""
+    """The lowest and highest FP8 value (as float64) the kernel may store for each float64 y: the
+    references of y moved 2^-16 either way, equal unless a rounding midpoint lies that close (the
+    rounding is monotonic)."""
     a = sample.quantize_reference(y64 * (1 - FP8_SLACK), y_scale)
     b = sample.quantize_reference(y64 * (1 + FP8_SLACK), y_scale)
     return np.minimum(a, b), np.maximum(a, b)
 
 
 def check_fp8(y_bits, y64, y_scale, what):
-    """Y within fp8_bounds everywhere (an unwritten 0x7F byte is NaN and fails), and the bounds tight."""
+    """Y within fp8_bounds everywhere (an unwritten 0x7F byte is NaN: fails); the bounds tight."""
     low, high = fp8_bounds(y64, y_scale)
     y = decode_e4m3(y_bits)
     bad = ~((low <= y) & (y <= high))
@@ -170,8 +171,9 @@ def fp8_arch(arch):
 @pytest.mark.parametrize("dtype, w_dtype, hidden", [
     ("float16", "float32", 1024), ("bfloat16", "float32", 4096), ("float32", "float32", 2048),
     ("float16", "bfloat16", 100), ("bfloat16", "float16", 16384), ("float32", "float16", 7)])
-def test_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, dtype, w_dtype, hidden):
-    """rms_norm_fp8's PTX with (X, W, num_tokens, Y) as TensorRT passes them, Y one byte per element."""
+def test_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, dtype, w_dtype,
+                                                            hidden):
+    """rms_norm_fp8's PTX with (X, W, num_tokens, Y) as TensorRT passes them, Y a byte each."""
     import torch
 
     from cuda.bindings import driver as cu
@@ -184,7 +186,8 @@ def test_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, 
         for tokens in (1, 37, 512):
             x, w = sample.make_inputs(tokens, hidden, dtype, tokens + hidden, w_dtype)
             xd, wd = x.cuda(), w.cuda()
-            y = torch.full((tokens, hidden), 0x7F, dtype=torch.uint8, device="cuda")  # 0x7F: E4M3's NaN
+            # 0x7F: E4M3's NaN, which fails wherever the kernel leaves it.
+            y = torch.full((tokens, hidden), 0x7F, dtype=torch.uint8, device="cuda")
             torch.cuda.synchronize()
             launch_like_tensorrt(function, plan, (xd, wd), tokens, (y,), stream)
             stream.synchronize()
@@ -197,9 +200,11 @@ def test_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, 
 @pytest.mark.parametrize("y_scale", FP8_SCALES)
 @pytest.mark.parametrize("dtype, hidden", [("float16", 1024), ("bfloat16", 4096), ("float32", 6144),
                                            ("float16", 12288)])
-def test_fused_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, dtype, hidden):
-    """add_rms_norm_fp8's PTX with (X, R, W, num_tokens, Y, S): S bit for bit x + r in X's dtype, Y its norm
-    in FP8; rows staged with R (4096 bf16) and in registers past 48 KB (6144 fp32, 12288 fp16)."""
+def test_fused_fp8_aot_ptx_runs_under_tensorrts_calling_convention(fp8_arch, y_scale, dtype,
+                                                                   hidden):
+    """add_rms_norm_fp8's PTX with (X, R, W, num_tokens, Y, S): S bit for bit x + r in X's dtype,
+    Y its norm in FP8; rows staged with R (4096 bf16), in registers past 48 KB (6144 fp32, 12288
+    fp16)."""
     import torch
 
     from cuda.bindings import driver as cu

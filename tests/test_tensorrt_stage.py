@@ -182,3 +182,28 @@ def test_the_aot_main_exits_2_when_the_build_fails(monkeypatch, capsys, no_gpu_c
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("error: TensorRT failed at the engine build stage")
+
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["build", "load"])
+def test_the_aot_main_refuses_y_scale_on_a_gpu_without_fp8_before_tensorrt(monkeypatch, capsys,
+                                                                           tmp_path, engine):
+    """--y-scale on an sm_80 GPU: exit 2 and one sentence naming 8.9, before the AOT flavor asks
+    TensorRT anything, whether the engine would be built or loaded."""
+    import rms_norm_aot_cutedsl as aot
+
+    def tensorrt_step(*args):  # double: any step past the check
+        raise AssertionError("TensorRT was asked")
+
+    # Doubles: an A100 (compute capability 8.0) in place of this machine's missing GPU.
+    monkeypatch.setattr(sample.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sample.torch.cuda, "get_device_capability", lambda *device: (8, 0))
+    monkeypatch.setattr(sample.torch.cuda, "get_device_name", lambda *device: "A100")
+    monkeypatch.setattr(sample, "require_tensorrt", lambda: None)  # double: TensorRT is not here
+    monkeypatch.setattr(aot, "check_aot_support", tensorrt_step)
+    monkeypatch.setattr(aot, "build_aot_engine", tensorrt_step)
+    argv = ["--y-scale", "0.5"] + (["--engine", str(tmp_path / "fp8.engine")] if engine else [])
+    assert aot.main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: the FP8 form") and "8.9 or newer" in line
+    assert line.endswith("A100 has 8.0")

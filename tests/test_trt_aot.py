@@ -132,3 +132,27 @@ def test_trtexec_loads_the_aot_engine(tmp_path, flags, shapes):
     assert f"--shapes={shapes}" in proc.stdout
     proc = subprocess.run(["trtexec", f"--loadEngine={engine}", f"--shapes={shapes}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+FP8_RUNS = [([], "FP8_OP_NAME"), (["--residual", "--dtype", "bfloat16"], "FUSED_FP8_OP_NAME")]
+
+
+@pytest.mark.parametrize("flags, op", FP8_RUNS)
+def test_aot_script_builds_the_fp8_ops_with_y_scale(tmp_path, flags, op):
+    """--y-scale: the FP8 op, Y declared FP8 by its desc, built, saved, loaded and checked against
+    the FP8 rounding of NumPy at every count the run checks; the record names the op and y_scale."""
+    import json
+
+    import rms_norm_aot_cutedsl as aot
+    import rms_norm_plugin_cutedsl as sample
+
+    if not sample.has_fp8(sample.gpu_arch()):
+        pytest.skip("the FP8 form needs an sm_89+ GPU")
+    engine = tmp_path / "fp8_aot.engine"
+    for expected in ("Saved engine", "Loaded engine"):
+        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--y-scale", "0.05", *flags,
+                               "--engine", str(engine)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert expected in proc.stdout and "Inference result correct!" in proc.stdout
+    record = json.loads((tmp_path / "fp8_aot.engine.json").read_text())
+    assert (record["plugin"], record["y_scale"]) == (getattr(aot, op), 0.05)
