@@ -1400,7 +1400,7 @@ def fp8_refusal() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) >= (8, 9):
         return None
-    return (f"the FP8 form (quantize 1) needs compute capability 8.9 or newer, "
+    return (f"the FP8 form (a y_scale) needs compute capability 8.9 or newer, "
             f"{torch.cuda.get_device_name()} has {major}.{minor}")
 
 

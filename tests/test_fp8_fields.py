@@ -164,7 +164,7 @@ def test_below_sm89_the_fp8_form_is_refused_at_build_time_in_one_sentence(
     assert fp8_plugin.supports_format_combination(2, descs, 2) is False
     with pytest.raises(ValueError) as info:
         fp8_plugin.get_output_data_types([trt.DataType.HALF, trt.DataType.FLOAT])
-    assert str(info.value) == (PREFIX + "the FP8 form (quantize 1) needs compute capability 8.9 "
+    assert str(info.value) == (PREFIX + "the FP8 form (a y_scale) needs compute capability 8.9 "
                                "or newer, NVIDIA A10 has 8.6")
 
 
