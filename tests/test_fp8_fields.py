@@ -1,9 +1,9 @@
-"""CPU: the FP8 form's fields (quantize, y_scale) and its format table, with real TensorRT-family objects.
+"""CPU: the FP8 form's fields (quantize, y_scale) and its format table, with real TensorRT-family
+objects.
 
-As in test_creator_fields.py, the sample is loaded with TensorRT-RTX's Python bindings as its ``tensorrt``.
-A GPU without FP8 conversions (below compute capability 8.9) cannot exist on this machine: the tests that
-need one replace torch's two device queries, labelled where they do.
-"""
+As in test_creator_fields.py, the sample is loaded with TensorRT-RTX's Python bindings as its
+``tensorrt``. A GPU without FP8 conversions (below compute capability 8.9) cannot exist on this
+machine: the tests that need one replace torch's two device queries, labelled where they do."""
 
 import math
 
@@ -18,13 +18,14 @@ def trt():
     return pytest.importorskip("tensorrt_rtx")
 
 
-def fields_of(trt, quantize=None, y_scale=None, residual=0, quantize_type="INT32", scale_type="FLOAT32"):
+def fields_of(trt, quantize=None, y_scale=None, residual=0, quantize_type="INT32",
+              scale_type="FLOAT32"):
     """epsilon, residual, and quantize / y_scale where given; and the arrays they point into."""
     arrays = {"epsilon": (np.array([1e-5], np.float32), "FLOAT32"),
               "residual": (np.array([residual], np.int32), "INT32")}
     if quantize is not None:
-        arrays["quantize"] = (np.array(quantize, np.int32 if quantize_type == "INT32" else np.float32),
-                              quantize_type)
+        dtype = np.int32 if quantize_type == "INT32" else np.float32
+        arrays["quantize"] = (np.array(quantize, dtype), quantize_type)
     if y_scale is not None:
         dtype = {"FLOAT32": np.float32, "FLOAT16": np.float16, "INT32": np.int32}[scale_type]
         arrays["y_scale"] = (np.array(y_scale, dtype), scale_type)
@@ -68,7 +69,8 @@ PREFIX = "RmsNormPlugin: "
     ([0.5], "FLOAT16", "a PluginFieldType.FLOAT16 field"),
     ([1], "INT32", "a PluginFieldType.INT32 field"),
 ])
-def test_quantize_1_without_one_float32_y_scale_is_refused(sample_rtx, trt, y_scale, scale_type, got):
+def test_quantize_1_without_one_float32_y_scale_is_refused(sample_rtx, trt, y_scale, scale_type,
+                                                           got):
     fields, _arrays = fields_of(trt, [1], y_scale, scale_type=scale_type)
     with pytest.raises(ValueError) as info:
         create_from(sample_rtx, trt, fields)
@@ -124,7 +126,7 @@ def fp8_residual_plugin(sample_rtx, trt):
 
 @pytest.mark.parametrize("io_type", ["HALF", "BF16", "FLOAT"])
 def test_the_fp8_form_declares_y_fp8_and_nothing_else(fp8_plugin, trt, io_type):
-    """No visible GPU (this machine, or a TensorRT-RTX build on the CPU): the FP8 row is declared."""
+    """No visible GPU (here, or a TensorRT-RTX build on the CPU): the FP8 row is declared."""
     descs = io_descs(trt, io_type, "FLOAT", "FP8")
     assert [fp8_plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [True] * 3
     descs = io_descs(trt, io_type, "FLOAT", io_type)

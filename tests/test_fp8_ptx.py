@@ -1,8 +1,9 @@
-"""CPU: what the FP8 form compiles to. Every conversion to FP8 is the hardware's saturating, round-to-nearest-even
-one, two values per instruction (cvt.rn.satfinite.e4m3x2.f32: beyond 448 it gives +-448, as QuantizeLinear's
-saturate=1 does, and NaN stays NaN), and each thread stores each vector of Y with one st.global of the whole
-vector (vec bytes of FP8), S as in the residual form. Counted in the PTX of each plan compiled alone, for
-sm_89 (Ada: the plans below sm_90) and sm_90a; the plain-dtype form of a plan is the control."""
+"""CPU: what the FP8 form compiles to. Every conversion to FP8 is the hardware's saturating,
+round-to-nearest-even one, two values per instruction (cvt.rn.satfinite.e4m3x2.f32: beyond 448 it
+gives +-448, as QuantizeLinear's saturate=1 does, and NaN stays NaN), and each thread stores each
+vector of Y with one st.global of the whole vector (vec bytes of FP8), S as in the residual form.
+Counted in the PTX of each plan compiled alone, for sm_89 (Ada: the plans below sm_90) and
+sm_90a; the plain-dtype form of a plan is the control."""
 
 import re
 
@@ -15,10 +16,11 @@ X_PARAM = 0
 Y_SCALE = 0.0375
 FP8_CVT = "cvt.rn.satfinite.e4m3x2.f32"
 
-# (hidden, X dtype): one and two rows per CTA, staged plans, the cluster and bulk plans, 16 KB rows, fp32
-# rows (4-byte FP8 vectors), and ragged and narrow-vector rows (2-byte and 1-byte FP8 vectors).
-CASES = [(1024, "float16"), (4096, "bfloat16"), (16384, "float16"), (2560, "float32"), (1000, "bfloat16"),
-         (1030, "float16"), (4095, "float32")]
+# (hidden, X dtype): one and two rows per CTA, staged plans, the cluster and bulk plans, 16 KB
+# rows, fp32 rows (4-byte FP8 vectors), and ragged and narrow-vector rows (2-byte and 1-byte FP8
+# vectors).
+CASES = [(1024, "float16"), (4096, "bfloat16"), (16384, "float16"), (2560, "float32"),
+         (1000, "bfloat16"), (1030, "float16"), (4095, "float32")]
 
 
 def schedule_plans(hidden, dtype, arch, residual):
@@ -45,8 +47,8 @@ def stores_per_row(plan):
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90a"])
 @pytest.mark.parametrize("hidden, dtype", CASES)
-def test_y_is_converted_by_the_saturating_cvt_and_stored_a_whole_vector_at_a_time(arch, hidden, dtype,
-                                                                                  residual):
+def test_y_is_converted_by_the_saturating_cvt_and_stored_a_whole_vector_at_a_time(
+        arch, hidden, dtype, residual):
     elem_bytes = sample.DTYPES[dtype].bytes
     for plan in schedule_plans(hidden, dtype, arch, residual):
         ptx = compiled_ptx(plan, dtype, arch)
@@ -67,8 +69,8 @@ def test_the_control_without_a_y_scale_converts_nothing_to_fp8_and_stores_xs_wid
 
 
 def test_the_scale_is_one_multiply_per_row_folded_into_rstd():
-    """y / y_scale costs no instruction per element: the FP8 form's PTX has one more mul.f32 than the plain
-    form's per row, and the same count of fma/mul on elements otherwise."""
+    """y / y_scale costs no instruction per element: the FP8 form's PTX has one more mul.f32
+    than the plain form's per row, and the same count of fma/mul on elements otherwise."""
     plan = schedule_plans(4096, "bfloat16", "sm_90a", False)[0]
     plain = compiled_ptx(plan, "bfloat16", "sm_90a", y_scale=None)
     fp8 = compiled_ptx(plan, "bfloat16", "sm_90a")

@@ -1,11 +1,11 @@
-"""GPU: the FP8 form, Y = saturate(round-to-nearest-even(y / y_scale)) in FP8 E4M3, against the float64 reference.
+"""GPU: the FP8 form, Y = saturate(round-to-nearest-even(y / y_scale)) in FP8 E4M3, against the
+float64 reference.
 
-Y must be the FP8 rounding of the float64 norm (rms_norm_plugin_cutedsl.quantize_reference), exactly, except
-where that norm lies within FP8_MIDPOINT_BAND of a midpoint between two FP8 values, where either is right
-(check_quantized). Tested at every plan boundary and the odd and ragged sizes the plain form is tested on,
-in both forms (the residual form's S stays in X's dtype, bit for bit), at saturation, on NaN and inf rows, and
-on exact ties.
-"""
+Y must be the FP8 rounding of the float64 norm (rms_norm_plugin_cutedsl.quantize_reference),
+exactly, except where that norm lies within FP8_MIDPOINT_BAND of a midpoint between two FP8 values,
+where either is right (check_quantized). Tested at every plan boundary and the odd and ragged sizes
+the plain form is tested on, in both forms (the residual form's S stays in X's dtype, bit for bit),
+at saturation, on NaN and inf rows, and on exact ties."""
 
 import numpy as np
 import pytest
@@ -16,8 +16,8 @@ from test_gpu_kernel import COMBINATION_HIDDEN, COMBINATION_TOKENS, COMBINATIONS
 
 pytestmark = pytest.mark.gpu
 
-# make_inputs' y has |y| up to about 4 * 1.5: this scale spreads it over E4M3's range (448 at the top)
-# with a few values saturated, and puts the smallest ones among its subnormals.
+# make_inputs' y has |y| up to about 4 * 1.5: this scale spreads it over E4M3's range (448 at
+# the top) with a few values saturated, and puts the smallest ones among its subnormals.
 Y_SCALE = 6.0 / 448.0
 
 
@@ -28,7 +28,8 @@ def fp8_poison(x):
     return torch.full_like(x, float("nan"), dtype=torch.float8_e4m3fn)
 
 
-def _check(tokens, hidden, dtype, w_dtype, seed, residual=False, y_scale=Y_SCALE, eps=1e-5, edit=None):
+def _check(tokens, hidden, dtype, w_dtype, seed, residual=False, y_scale=Y_SCALE, eps=1e-5,
+           edit=None):
     x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
     r = sample.make_residual(tokens, hidden, dtype, seed) if residual else None
     if edit:
@@ -76,7 +77,7 @@ def test_fp8_form_every_dtype_combination(tokens, hidden, dtype, w_dtype):
 @pytest.mark.parametrize("hidden", [14344, 16386, 30002, 32767, sample.MAX_HIDDEN])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
 def test_fp8_form_of_the_longest_and_narrow_vector_rows(tokens, hidden, dtype, residual):
-    """The W-a-vector-at-a-time and cluster plans, and rows of narrow vectors, where Y stores fewer bytes."""
+    """The W-a-vector-at-a-time and cluster plans, and rows of narrow vectors (smaller Y stores)."""
     _check(tokens, hidden, dtype, "float32", seed=tokens + hidden, residual=residual)
 
 
@@ -90,8 +91,8 @@ def test_values_beyond_448_saturate_instead_of_becoming_nan():
 
 
 def test_nan_and_inf_rows_quantize_as_the_reference_and_leave_other_rows_alone():
-    """A NaN row is NaN throughout; a row holding inf has inf / inf = NaN there and 0 elsewhere (its mean
-    square is inf), as the float64 reference computes."""
+    """A NaN row is NaN throughout; a row holding inf has inf / inf = NaN there and 0 elsewhere
+    (its mean square is inf), as the float64 reference computes."""
     def edit(x, w):
         x[3, 10] = float("nan")
         x[9, 0] = float("inf")
@@ -103,9 +104,9 @@ def test_nan_and_inf_rows_quantize_as_the_reference_and_leave_other_rows_alone()
 
 
 def test_exact_ties_round_to_even():
-    """Rows of ones with epsilon 2^-126 have rstd exactly 1, so y = w: w set to midpoints between FP8
-    values must round to the one with an even last bit, and 464 (between 448 and E4M3's missing 480)
-    saturates to 448."""
+    """Rows of ones with epsilon 2^-126 have rstd exactly 1, so y = w: w set to midpoints between
+    FP8 values must round to the one with an even last bit, and 464 (between 448 and E4M3's missing
+    480) saturates to 448."""
     import torch
 
     w = torch.tensor([1.0625, 1.1875, -1.0625, -1.1875, 2.125, 3 * 2.0**-10, 464.0, 1000.0])

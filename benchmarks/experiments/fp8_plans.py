@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Time plans of the FP8 form against FlashInfer's rmsnorm_quant (or fused_add_rmsnorm_quant) at a few shapes.
+"""Time the FP8 form's plans against FlashInfer's norm-and-quantize kernels at a few shapes.
+
+FlashInfer's rmsnorm_quant, or fused_add_rmsnorm_quant with --residual.
 
 The FP8 form writes one byte per element of Y instead of two: at many tokens a row costs 3 bytes an
-element (plain) or 7 (residual) instead of 4 or 8, so the plan the 16-bit table picked may not be the
-fastest one. Each plan (time_plans.py's spec: tTkK[s][b][l][rR][qQ][cC][mM], or "own" for the schedule's
-plan at that count) is compiled in the FP8 form and timed by CUDA-graph replay, cycling through L2-cold
-buffer sets as benchmarks/bench_quantized.py does; the table gives medians over rounds of time / FlashInfer.
+element (plain) or 7 (residual) instead of 4 or 8, so the plan the 16-bit table picked may not be
+the fastest one. Each plan (time_plans.py's spec: tTkK[s][b][l][rR][qQ][cC][mM], or "own" for the
+schedule's plan at that count) is compiled in the FP8 form and timed by CUDA-graph replay, cycling
+through L2-cold buffer sets as benchmarks/bench_quantized.py does; the table gives medians over
+rounds of time / FlashInfer.
 
-    python3 benchmarks/experiments/fp8_plans.py --shapes 16384x4096,4096x8192 --plans own,t128k4,t64k8
+    python3 benchmarks/experiments/fp8_plans.py --shapes 16384x4096 --plans own,t128k4,t64k8
 """
 
 import argparse
@@ -81,7 +84,8 @@ def timers(dtype, tokens, hidden, specs, residual, flashinfer):
             ri = r.clone()
             keep.append((y, ri))
             if residual:
-                calls.append(lambda y=y, x=x, r=ri: flashinfer["residual"](y, x, r, w_lp, scale, EPS))
+                fused = flashinfer["residual"]
+                calls.append(lambda y=y, x=x, r=ri: fused(y, x, r, w_lp, scale, EPS))
             else:
                 calls.append(lambda y=y, x=x: flashinfer["plain"](y, x, w_lp, scale, EPS))
         out["flashinfer"] = graph_timer(cycling(calls), tokens, hidden)
@@ -111,8 +115,10 @@ def main():
         for name, values in times.items():
             ratio = ""
             if base:
-                ratio = f"  / FlashInfer {statistics.median(v / b for v, b in zip(values, base)):.3f}"
-            print(f"{tokens}x{hidden} {args.dtype} {name}: {statistics.median(values):.2f} us{ratio}")
+                ratios = [v / b for v, b in zip(values, base)]
+                ratio = f"  / FlashInfer {statistics.median(ratios):.3f}"
+            median = statistics.median(values)
+            print(f"{tokens}x{hidden} {args.dtype} {name}: {median:.2f} us{ratio}")
 
 
 if __name__ == "__main__":
