@@ -1659,13 +1659,14 @@ def y_scale_field(fields: dict) -> float | None:
             raise ValueError(f"{PLUGIN_NAME}: field 'y_scale' is given but 'quantize' is not 1, "
                              "so Y would not be scaled")
         return None
+    got = None
     if scale is None:
         got = "none"
     elif scale.type != trt.PluginFieldType.FLOAT32:
         got = f"a {scale.type} field"  # FLOAT16 and BF16 data cannot be read: see epsilon_field
     elif len(scale.data) != 1:
         got = f"{len(scale.data)} values"
-    if scale is None or scale.type != trt.PluginFieldType.FLOAT32 or len(scale.data) != 1:
+    if got is not None:
         raise ValueError(f"{PLUGIN_NAME}: quantize 1 (FP8 Y) needs one FLOAT32 field 'y_scale', "
                          f"got {got}")
     try:
