@@ -28,6 +28,8 @@ PEERS = ("torch_compile", "quack", "liger")
 IMPL_TITLES = {"copy": "copy_", "this": "this kernel", "torch_eager": "torch eager", "torch_compile": "torch.compile",
                "quack": "quack", "liger": "liger"}
 
+FUSED_PEERS = ("flashinfer", "torch_compile")
+
 TIE = 1.01             # within 1 % of the fastest peer counts as level with it ...
 TIE_NEAR_COPY = 1.02   # ... only where the kernel is also within 2 % of copy_
 
@@ -161,3 +163,20 @@ def summary_lines(rows):
         lines.append(f"| {row['dtype']} | {row['tokens']}x{row['hidden']} | {best} | {this_best} | "
                      f"{row['this_copy']:.3f} | {targets} | {verdict(row['checks'])} |")
     return lines
+
+
+def fused_record(where, kernel, times, wrong, against=()):
+    """One cell of a fused table as the JSON keeps it: where's keys (form, dtype, shape, ...),
+    each column's median ("us") and rounds ("rounds_us"), the faster fused peer ("best_fused_peer",
+    None without one), the kernel column's ratios to it and to the columns `against` ("ratios",
+    medians of per-round ratios) and what each checked output got wrong ("wrong", only those
+    off)."""
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    peers = [name for name in FUSED_PEERS if name in times]
+    best = min(peers, key=medians.get) if peers else None
+    ratios = {other: round(median_ratio(times[kernel], times[other]), 4)
+              for other in (best, *against) if other in times}
+    return {**where, "us": {name: round(us, 3) for name, us in medians.items()},
+            "rounds_us": {name: [round(t, 4) for t in ts] for name, ts in times.items()},
+            "best_fused_peer": best, "ratios": ratios,
+            "wrong": {name: what for name, what in wrong.items() if what}}
