@@ -32,7 +32,8 @@ per shape would spend most of the run compiling.
         [--out-dir DIR] [--name NAME]
 
 Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/quantized.*), rewritten
-after every shape and form.
+after every shape and form. Table (b) at every token count 1-32768 by LLM hidden sizes, L2 cold and
+warm: `python3 benchmarks/bench_fused_sweep.py residual_fp8`.
 """
 
 import argparse
