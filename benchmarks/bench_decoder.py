@@ -22,6 +22,8 @@ peer's 2 tensors there while a 4-tensor form falls out (benchmarks/NOTES.md).
         [--name NAME]
 
 Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/decoder.*), rewritten after every shape.
+The fused form at every token count 1-32768 by LLM hidden sizes, L2 cold and warm, against the fused
+peers: `python3 benchmarks/bench_fused_sweep.py residual`.
 """
 
 import argparse
@@ -38,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_records import interleaved_rounds, median_ratio  # noqa: E402
-from bench_rms_norm import (graph_calls, graph_timer, package_version, parse_list,  # noqa: E402
-                            parse_shapes)
+from bench_records import FUSED_PEERS, interleaved_rounds, median_ratio  # noqa: E402
+from bench_rms_norm import (graph_calls, graph_timer, out_dir, package_version,  # noqa: E402
+                            parse_list, parse_shapes)
 
 EPS = 1e-5
 DTYPE_NAMES = ("float16", "bfloat16")
@@ -48,7 +50,6 @@ DECODER_TOKENS = (1, 128, 512, 4096, 16384)
 DECODER_HIDDENS = (2048, 4096, 5120, 8192, 16384)
 COLUMNS = {"fused": "fused (this)", "add_plain": "add + plain", "flashinfer": "FlashInfer fused",
            "torch_compile": "torch.compile fused", "floor": "floor (2 copies)"}
-FUSED_PEERS = ("flashinfer", "torch_compile")
 COLD_BYTES = 256 << 20  # bytes moved between two uses of a buffer set: 5x the H200's 50 MB L2
 
 
@@ -104,20 +105,16 @@ def cycling(calls):
     return lambda: next(turn)()
 
 
-def shape_timers(sample, dtype, tokens, hidden, flashinfer):
-    """({column: timer}, {column: what its checked output got wrong}, the buffers the graphs use: they must
-    live until the shape is timed, as a graph holds raw addresses only)."""
-    tdt = getattr(torch, dtype)
-    tolerance = sample.Y_TOLERANCE[dtype]
+def column_makers(sample, dtype, tokens, hidden, compiled, flashinfer, keep):
+    """{column: make(x, r) -> (call, result)} at one shape and dtype: result() gives (Y, S, the W
+    used) after a call, and is None for the floor, whose copies have nothing to check. compiled:
+    add_then_norm compiled; flashinfer: FlashInfer's fused_add_rmsnorm or None (no column). keep
+    gets every buffer a graph uses: it must live until the shape is timed, as a graph holds raw
+    addresses only."""
     w = torch.rand(hidden, device="cuda") + 0.5
-    w_lp = w.to(tdt)
-    sets = [(torch.randn(tokens, hidden, device="cuda", dtype=tdt),
-             torch.randn(tokens, hidden, device="cuda", dtype=tdt)) for _ in range(buffer_sets(tokens, hidden))]
-    keep = [w, w_lp, sets]
+    w_lp = w.to(getattr(torch, dtype))
+    keep.append((w, w_lp))
     fused = sample.compile_rms_norm(dtype, hidden, EPS, residual=True)
-    plain = sample.compile_rms_norm(dtype, hidden, EPS)
-    torch._dynamo.reset()  # one compiled graph per shape (dynamic=False) without piling up guards
-    compiled = torch.compile(add_then_norm, dynamic=False)
 
     def stream():
         return sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -132,6 +129,8 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
         return (lambda: fused(fx, fw, fy, tokens, stream(), fr, fs)), lambda: (y, s, w)
 
     def add_plain_call(x, r):
+        # Compiled where the column is made: bench_fused_sweep.py leaves the column out.
+        plain = sample.compile_rms_norm(dtype, hidden, EPS)
         y, s = torch.empty_like(x), torch.empty_like(x)
         keep.append((y, s))
         ps, pw, py = cute(s, w, y)
@@ -148,8 +147,15 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
         return (lambda: flashinfer(xi, ri, w_lp, EPS)), lambda: (xi, ri, w_lp)
 
     def torch_compile_call(x, r):
-        out = []
-        return (lambda: out.append(compiled(x, r, w))), lambda: (*out[0], w)
+        # Only the last output is held, so that a graph replaying one set writes the same memory
+        # call after call, as the other columns do (a graph cycling sets calls each set once).
+        held = [None]
+        keep.append(held)
+
+        def call():
+            held[0] = compiled(x, r, w)
+
+        return call, lambda: (*held[0], w)
 
     def floor_call(x, r):
         y, s = torch.empty_like(x), torch.empty_like(x)
@@ -160,17 +166,47 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
               "torch_compile": torch_compile_call, "floor": floor_call}
     if flashinfer is None:
         del makers["flashinfer"]
+    return makers
+
+
+def checked_calls(make, sets, check):
+    """One column's calls, one a buffer set, and what check(result) found off in the output of the
+    first call, made before any of them is timed ('' if nothing)."""
+    made = [make(*inputs) for inputs in sets]
+    first, result = made[0]
+    first()  # compiles where it has to, and gives the output checked
+    torch.cuda.synchronize()
+    return [call for call, _ in made], check(result)
+
+
+def residual_check(x, r, tolerance):
+    """check(result) of column_makers' columns on inputs x and r: misses of its Y and S."""
+
+    def check(result):
+        if result is None:
+            return ""
+        y, s, w = result()
+        return misses(y, s, x, r, w, tolerance)
+
+    return check
+
+
+def shape_timers(sample, dtype, tokens, hidden, flashinfer):
+    """({column: timer}, {column: what its checked output got wrong}, the buffers the graphs use:
+    they must live until the shape is timed, as a graph holds raw addresses only)."""
+    tdt = getattr(torch, dtype)
+    sets = [(torch.randn(tokens, hidden, device="cuda", dtype=tdt),
+             torch.randn(tokens, hidden, device="cuda", dtype=tdt))
+            for _ in range(buffer_sets(tokens, hidden))]
+    keep = [sets]
+    torch._dynamo.reset()  # one compiled graph per shape (dynamic=False) without piling up guards
+    compiled = torch.compile(add_then_norm, dynamic=False)
+    makers = column_makers(sample, dtype, tokens, hidden, compiled, flashinfer, keep)
+    check = residual_check(*sets[0], sample.Y_TOLERANCE[dtype])
     timers, wrong = {}, {}
     for name, make in makers.items():
-        calls = [make(x, r) for x, r in sets]
-        first, result = calls[0]
-        first()  # compiles where it has to, and gives the output checked
-        torch.cuda.synchronize()
-        if result is not None:
-            y, s, w_used = result()
-            x, r = sets[0]
-            wrong[name] = misses(y, s, x, r, w_used, tolerance)
-        timers[name] = graph_timer(cycling([call for call, _ in calls]), tokens, hidden)
+        calls, wrong[name] = checked_calls(make, sets, check)
+        timers[name] = graph_timer(cycling(calls), tokens, hidden)
     return timers, wrong, keep
 
 
@@ -183,12 +219,7 @@ def table_args(parser, args):
     dtypes = parse_list(parser, "--dtypes", args.dtypes, DTYPE_NAMES)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    out = pathlib.Path(args.out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        parser.error(f"--out-dir {out}: {exc.strerror}")
-    return shapes, dtypes, out
+    return shapes, dtypes, out_dir(parser, args.out_dir)
 
 
 def main():

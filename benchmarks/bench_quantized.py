@@ -32,13 +32,14 @@ per shape would spend most of the run compiling.
         [--out-dir DIR] [--name NAME]
 
 Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/quantized.*), rewritten
-after every shape and form.
+after every shape and form. Table (b) at every token count 1-32768 by LLM hidden sizes, L2 cold and
+warm: `python3 benchmarks/bench_fused_sweep.py residual_fp8`.
 """
 
 import argparse
+import functools
 import json
 import pathlib
-import statistics
 import sys
 import time
 import types
@@ -50,8 +51,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_decoder import (DECODER_HIDDENS, DECODER_TOKENS, DTYPE_NAMES, EPS,  # noqa: E402
-                           buffer_sets, cycling, norm_of, table_args)
-from bench_records import interleaved_rounds, median_ratio  # noqa: E402
+                           buffer_sets, checked_calls, cycling, norm_of, table_args)
+from bench_records import fused_record, interleaved_rounds  # noqa: E402
 from bench_rms_norm import graph_timer, package_version  # noqa: E402
 
 # |y| = |norm(x) * w| with W in [0.5, 1.5) is below 3 in 99 % of elements and past 7 in about one
@@ -84,7 +85,9 @@ FORMS = {
 }
 # Bytes the sample's FP8 form moves per element of X: X and Y_q; X, R, S and Y_q (16-bit X).
 FORM_ELEMENT_BYTES = {"plain": 3, "residual": 7}
-FUSED_PEERS = ("flashinfer", "torch_compile")
+# The sample's launchers a table calls, by the compile_rms_norm arguments of each.
+LAUNCHERS = {"fp8": {"y_scale": Y_SCALE}, "fused_fp8": {"residual": True, "y_scale": Y_SCALE},
+             "plain": {}}
 
 
 def quantize(y):
@@ -139,12 +142,14 @@ def load_flashinfer():
 
 
 def make_cell(sample, dtype, tokens, hidden, compiled, flashinfer):
-    """What both forms' columns share at one shape and dtype: W, the scale, the compiled calls."""
+    """What both forms' columns share at one shape and dtype: W, the scale, the compiled calls
+    (launcher(name) compiles one of LAUNCHERS when a column first asks for it)."""
     # W exact in bf16, so in fp16 too: FlashInfer's W in X's dtype is the others' W.
     w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16).float()
 
-    def compile_form(**form):
-        return sample.compile_rms_norm(dtype, hidden, EPS, **form)
+    @functools.cache
+    def launcher(name):
+        return sample.compile_rms_norm(dtype, hidden, EPS, **LAUNCHERS[name])
 
     def cute(*tensors):
         return [sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in tensors]
@@ -155,10 +160,7 @@ def make_cell(sample, dtype, tokens, hidden, compiled, flashinfer):
     return types.SimpleNamespace(
         dtype=dtype, tokens=tokens, hidden=hidden, w=w, w_lp=w.to(getattr(torch, dtype)),
         scale=torch.full((1,), Y_SCALE, device="cuda"),  # FlashInfer reads it from a tensor
-        launch={"fp8": compile_form(y_scale=Y_SCALE),
-                "fused_fp8": compile_form(residual=True, y_scale=Y_SCALE),
-                "plain": compile_form()},
-        cute=cute, stream=stream, compiled=compiled, flashinfer=flashinfer,
+        launcher=launcher, cute=cute, stream=stream, compiled=compiled, flashinfer=flashinfer,
         quantize_reference=sample.quantize_reference,
         x_dtype_tolerance=tuple(sample.Y_TOLERANCE[dtype]))
 
@@ -169,19 +171,21 @@ def plain_makers(cell, keep):
     addresses only)."""
 
     def fp8(x):
+        launch = cell.launcher("fp8")
         y = torch.empty(x.shape, device="cuda", dtype=E4M3)
         keep.append(y)
         fx, fw, fy = cell.cute(x, cell.w, y)
-        return (lambda: cell.launch["fp8"](fx, fw, fy, cell.tokens, cell.stream())), lambda: (y,)
+        return (lambda: launch(fx, fw, fy, cell.tokens, cell.stream())), lambda: (y,)
 
     def this_quantize(x):
+        launch = cell.launcher("plain")
         y = torch.empty_like(x)
         held = [None]  # the compiled quantize's last output
         keep.append((y, held))
         fx, fw, fy = cell.cute(x, cell.w, y)
 
         def call():
-            cell.launch["plain"](fx, fw, fy, cell.tokens, cell.stream())
+            launch(fx, fw, fy, cell.tokens, cell.stream())
             held[0] = cell.compiled["quantize"](y)
 
         return call, lambda: (held[0],)
@@ -209,17 +213,19 @@ def residual_makers(cell, keep):
     """{column: make(x, r) -> (call, result)} of table (b); result() is (Y_q, S) after a call."""
 
     def fp8(x, r):
+        launch = cell.launcher("fused_fp8")
         y = torch.empty(x.shape, device="cuda", dtype=E4M3)
         s = torch.empty_like(x)
         keep.append((y, s))
         fx, fw, fy, fr, fs = cell.cute(x, cell.w, y, r, s)
 
         def call():
-            cell.launch["fused_fp8"](fx, fw, fy, cell.tokens, cell.stream(), fr, fs)
+            launch(fx, fw, fy, cell.tokens, cell.stream(), fr, fs)
 
         return call, lambda: (y, s)
 
     def this_quantize(x, r):
+        launch = cell.launcher("plain")
         s, y = torch.empty_like(x), torch.empty_like(x)
         held = [None]
         keep.append((s, y, held))
@@ -227,7 +233,7 @@ def residual_makers(cell, keep):
 
         def call():
             torch.add(x, r, out=s)
-            cell.launch["plain"](fs, fw, fy, cell.tokens, cell.stream())
+            launch(fs, fw, fy, cell.tokens, cell.stream())
             held[0] = cell.compiled["quantize"](y)
 
         return call, lambda: (held[0], s)
@@ -265,6 +271,26 @@ def misses(outputs, ref, expected_s, quantize_reference, tolerance) -> str:
     return "; ".join(found)
 
 
+def form_check(form, cell, inputs):
+    """check(name, result) of one form's columns on inputs, the first buffer set: what the column's
+    output got wrong ('' if nothing)."""
+    expected_s = inputs[0] + inputs[1] if form == "residual" else None
+    ref = norm_of(inputs[0] if expected_s is None else expected_s, cell.w)
+
+    def check(name, result):
+        tolerance = SINGLE_ROUNDING
+        if (form, name) in X_DTYPE_ROUNDING:
+            tolerance = cell.x_dtype_tolerance
+        return misses(result(), ref, expected_s, cell.quantize_reference, tolerance)
+
+    return check
+
+
+def failure_line(exc) -> str:
+    """A column's failure as one line of the notes."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
 def form_timers(form, cell):
     """({column: timer}, {column: what its checked output got wrong}, {column: why it is not
     timed}, the buffers the graphs use)."""
@@ -278,41 +304,24 @@ def form_timers(form, cell):
     makers = (plain_makers if form == "plain" else residual_makers)(cell, keep)
     if cell.flashinfer is None:
         del makers["flashinfer"]
-    expected_s = sets[0][0] + sets[0][1] if form == "residual" else None
-    ref = norm_of(sets[0][0] if expected_s is None else expected_s, cell.w)
+    check = form_check(form, cell, sets[0])
     timers, wrong, failed = {}, {}, {}
     for name, make in makers.items():
-        tolerance = SINGLE_ROUNDING
-        if (form, name) in X_DTYPE_ROUNDING:
-            tolerance = cell.x_dtype_tolerance
         try:
-            calls = [make(*inputs) for inputs in sets]
-            first, result = calls[0]
-            first()  # compiles where it has to, and gives the output checked
-            torch.cuda.synchronize()
-            what = misses(result(), ref, expected_s, cell.quantize_reference, tolerance)
-            cycle = cycling([call for call, _ in calls])
-            timers[name] = graph_timer(cycle, cell.tokens, cell.hidden)
+            calls, what = checked_calls(make, sets, functools.partial(check, name))
+            timers[name] = graph_timer(cycling(calls), cell.tokens, cell.hidden)
             wrong[name] = what
         except Exception as exc:  # a peer that fails leaves its column empty, not the table
             if name == "fp8":
                 raise
-            failed[name] = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]  # one line
+            failed[name] = failure_line(exc)
     return timers, wrong, failed, keep
 
 
 def shape_record(form, dtype, tokens, hidden, times, wrong):
     """One row of a table as the JSON keeps it: medians, rounds, best fused peer, ratios."""
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    peers = [name for name in FUSED_PEERS if name in times]
-    best = min(peers, key=medians.get) if peers else None
-    ratios = {other: round(median_ratio(times["fp8"], times[other]), 4)
-              for other in (best, "this_quantize") if other in times}
-    return {"form": form, "dtype": dtype, "tokens": tokens, "hidden": hidden,
-            "us": {name: round(us, 3) for name, us in medians.items()},
-            "rounds_us": {name: [round(t, 4) for t in ts] for name, ts in times.items()},
-            "best_fused_peer": best, "ratios": ratios,
-            "wrong": {name: what for name, what in wrong.items() if what}}
+    where = {"form": form, "dtype": dtype, "tokens": tokens, "hidden": hidden}
+    return fused_record(where, "fp8", times, wrong, against=("this_quantize",))
 
 
 def row_line(rec) -> str:

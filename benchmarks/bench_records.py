@@ -1,9 +1,13 @@
-"""The benchmark's shapes, its result records and issue 18's targets, without torch or a GPU.
+"""The benchmarks' shapes, their result records, issue 18's targets and the fused sweeps' summary,
+without torch or a GPU.
 
 A record is one implementation timed at one shape and dtype, as bench_rms_norm.py writes it to JSON:
 {"impl", "dtype", "tokens", "hidden", "us" (median over rounds), "gbps", "rounds_us" (one time per round,
 rounds interleaved across implementations)}. Ratios between two implementations are the median of their
 per-round ratios, so that a drift of the GPU's speed between rounds cancels out.
+
+The fused tables (bench_quantized.py) and sweeps (bench_fused_sweep.py) keep one record a cell,
+every column in it: fused_record says which keys.
 """
 
 import statistics
@@ -27,6 +31,18 @@ IMPLS = ("copy", "this", "torch_eager", "torch_compile", "quack", "liger")
 PEERS = ("torch_compile", "quack", "liger")
 IMPL_TITLES = {"copy": "copy_", "this": "this kernel", "torch_eager": "torch eager", "torch_compile": "torch.compile",
                "quack": "quack", "liger": "liger"}
+
+# The fused forms' sweep (bench_fused_sweep.py): every power of two of tokens, by hidden sizes of
+# real LLMs, powers of two or not (896 Qwen2-0.5B, 1536 Qwen2-1.5B, 3584 Qwen2-7B, 4096
+# Llama-3-8B, 5120 Llama-2-13B, 7168 DeepSeek-V3, 8192 Llama-3-70B, 16384 Llama-3.1-405B).
+FUSED_SWEEP_TOKENS = tuple(1 << k for k in range(16))  # 1 ... 32768
+FUSED_SWEEP_HIDDENS = (512, 896, 1536, 2048, 3584, 4096, 5120, 7168, 8192, 16384)
+# cold: the graph cycles through buffer sets 256 MB apart, as a decoder's GEMMs evict a norm's
+# tensors from L2 between two layers; warm: one set, reused call after call.
+L2_STATES = ("cold", "warm")
+FUSED_PEERS = ("flashinfer", "torch_compile")
+PEER_TITLES = {"flashinfer": "FlashInfer", "torch_compile": "torch.compile"}
+PEER_MARKS = {"flashinfer": "F", "torch_compile": "T"}
 
 TIE = 1.01             # within 1 % of the fastest peer counts as level with it ...
 TIE_NEAR_COPY = 1.02   # ... only where the kernel is also within 2 % of copy_
@@ -103,7 +119,7 @@ def group_records(records):
     """{(dtype, tokens, hidden): {impl: record}} for the device-time records (those with a shape and a time)."""
     groups = {}
     for rec in records:
-        if rec["impl"] in IMPLS:
+        if rec.get("impl") in IMPLS:  # the fused tables' records have none
             groups.setdefault((rec["dtype"], rec["tokens"], rec["hidden"]), {})[rec["impl"]] = rec
     return groups
 
@@ -160,4 +176,72 @@ def summary_lines(rows):
                             for label, value, _, _ in row["checks"]) or "-"
         lines.append(f"| {row['dtype']} | {row['tokens']}x{row['hidden']} | {best} | {this_best} | "
                      f"{row['this_copy']:.3f} | {targets} | {verdict(row['checks'])} |")
+    return lines
+
+
+def fused_record(where, kernel, times, wrong, against=()):
+    """One cell of a fused table as the JSON keeps it: where's keys (form, dtype, shape, ...),
+    each column's median ("us") and rounds ("rounds_us"), the faster fused peer ("best_fused_peer",
+    None without one), the kernel column's ratios to it and to the columns `against` ("ratios",
+    medians of per-round ratios) and what each checked output got wrong ("wrong", only those
+    off)."""
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    peers = [name for name in FUSED_PEERS if name in times]
+    best = min(peers, key=medians.get) if peers else None
+    ratios = {other: round(median_ratio(times[kernel], times[other]), 4)
+              for other in (best, *against) if other in times}
+    return {**where, "us": {name: round(us, 3) for name, us in medians.items()},
+            "rounds_us": {name: [round(t, 4) for t in ts] for name, ts in times.items()},
+            "best_fused_peer": best, "ratios": ratios,
+            "wrong": {name: what for name, what in wrong.items() if what}}
+
+
+def peer_ratio(rec):
+    """A fused record's kernel time over its best fused peer's, None where no peer was timed."""
+    best = rec["best_fused_peer"]
+    return rec["ratios"][best] if best else None
+
+
+def cell_name(rec) -> str:
+    """A sweep cell as the summary names it: its ratio to the best fused peer, dtype, shape, L2."""
+    return (f"{peer_ratio(rec):.3f} {rec['dtype']} {rec['tokens']}x{rec['hidden']} L2 {rec['l2']} "
+            f"({PEER_TITLES[rec['best_fused_peer']]})")
+
+
+def sweep_summary_lines(records, worst=8):
+    """For each L2 state of a fused sweep: in how many cells the kernel is at or ahead of the best
+    fused peer, behind by at most 1 % (TIE), or behind by more, and its `worst` slowest cells."""
+    lines = []
+    for l2 in L2_STATES:
+        rated = [rec for rec in records if rec["l2"] == l2 and rec["best_fused_peer"]]
+        if not rated:
+            continue
+        ahead = sum(peer_ratio(rec) <= 1.0 for rec in rated)
+        level = sum(1.0 < peer_ratio(rec) <= TIE for rec in rated)
+        lines.append(f"L2 {l2}: at or ahead of the best fused peer in {ahead} of {len(rated)} "
+                     f"cells, behind by at most 1 % in {level}, behind by more in "
+                     f"{len(rated) - ahead - level}")
+        slowest = sorted(rated, key=peer_ratio, reverse=True)[:worst]
+        lines.append(f"worst L2 {l2} cells: " + ", ".join(cell_name(rec) for rec in slowest))
+    return lines
+
+
+def sweep_grid_lines(records, dtype, l2):
+    """One dtype and L2 state of a fused sweep as a Markdown grid: a row a token count, a column a
+    hidden size, in each cell the kernel's time / the best fused peer's and that peer's mark (F, T),
+    * where a checked output was off."""
+    cells = {(rec["tokens"], rec["hidden"]): rec for rec in records
+             if rec["dtype"] == dtype and rec["l2"] == l2}
+    hiddens = sorted({hidden for _, hidden in cells})
+    lines = ["| tokens | " + " | ".join(str(hidden) for hidden in hiddens) + " |",
+             "|---|" + "---|" * len(hiddens)]
+    for tokens in sorted({tokens for tokens, _ in cells}):
+        row = []
+        for hidden in hiddens:
+            rec = cells.get((tokens, hidden))
+            text = "-"
+            if rec and rec["best_fused_peer"]:
+                text = f"{peer_ratio(rec):.3f} {PEER_MARKS[rec['best_fused_peer']]}"
+            row.append(text + ("*" if rec and rec["wrong"] else ""))
+        lines.append(f"| {tokens} | " + " | ".join(row) + " |")
     return lines

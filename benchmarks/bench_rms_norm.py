@@ -160,6 +160,16 @@ def parse_list(parser, flag, text, allowed):
     return items
 
 
+def out_dir(parser, text):
+    """The results folder, created if missing, or a usage error saying why it cannot be."""
+    out = pathlib.Path(text)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out-dir {out}: {exc.strerror}")
+    return out
+
+
 # Assumed costs for --dry-run's estimate (seconds; from the H200 runs' progress lines, to be refined): a CuteDSL
 # compile per dtype and hidden (this kernel, quack), a Triton compile per power-of-two block (liger), an
 # inductor compile with its autotuning per shape (torch.compile), and a CUDA graph capture.
@@ -294,10 +304,7 @@ def main():
         print(f"results would go to {out.resolve()}")
         return
 
-    try:  # before the benchmark, not after it
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        parser.error(f"--out-dir {out}: {exc.strerror}")
+    out_dir(parser, args.out_dir)  # before the benchmark, not after it
     print(f"results will go to {out.resolve()}", flush=True)
 
     import rms_norm_plugin_cutedsl as sample

@@ -57,6 +57,10 @@ def test_the_svg_has_a_line_per_implementation(tmp_path):
     (None, "No such file or directory"),
     ("not json", "run.json"),
     (json.dumps([r for r in records() if r["tokens"] == 1]), "has no sweep records"),
+    # A decoder table's records: no "impl", no L2 state.
+    (json.dumps([{"dtype": "float16", "tokens": 1, "hidden": 2048, "us": {"fused": 1.4}}]),
+     "has no sweep records"),
+    (json.dumps({"impl": "this"}), "holds no list of records"),
 ])
 def test_a_json_without_a_sweep_is_refused_in_one_line(tmp_path, content, message):
     source = tmp_path / "run.json"
