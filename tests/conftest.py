@@ -8,7 +8,8 @@ import pytest
 from skip_policy import (  # noqa: F401 (hooks)
     pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
 )
-from support.sample_loader import ROOT, SAMPLE_PATH, load_experiment, load_sample  # noqa: F401 (for tests)
+from support.sample_loader import (ROOT, SAMPLE_PATH, FUSED_PATH, load_experiment,  # noqa: F401
+                                   load_fused, load_sample)
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,22 @@ def sample_rtx():
     """The sample bound to TensorRT-RTX's Python bindings (real TensorRT-family classes, CPU only)."""
     trt_rtx = pytest.importorskip("tensorrt_rtx")
     return load_sample(trt_rtx, "rms_norm_plugin_with_rtx")
+
+
+@pytest.fixture(scope="session")
+def fused_standin(sample_standin):
+    """The fused companion on the lesson bound to the labelled TensorRT stand-in."""
+    from support import trt_standin
+
+    return load_fused(trt_standin, "rms_norm_fused_with_standin", sample_standin)
+
+
+@pytest.fixture(scope="session")
+def fused_rtx(sample_rtx):
+    """The fused companion on the lesson bound to TensorRT-RTX's Python bindings."""
+    import tensorrt_rtx
+
+    return load_fused(tensorrt_rtx, "rms_norm_fused_with_rtx", sample_rtx)
 
 
 @pytest.fixture(scope="session")
