@@ -822,32 +822,22 @@ def test_max_hidden_is_the_longest_row_the_plan_holds_in_registers():
     assert lesson.MAX_HIDDEN == 32768
 
 
+# Each value compile_rms_norm bakes into a kernel, changed one at a time; then the companion's own.
+BAKED_IN = [{"dtype": "bfloat16"}, {"dtype": "float32"}, {"w_dtype": "float16"}, {"w_dtype": "bfloat16"},
+            {"hidden": 1000}, {"epsilon": 1e-6}, {"arch": "sm_80"}]
+COMPANION_BAKED_IN = [{"plans_by_tokens": False}, {"residual": True}, {"y_scale": 0.5}]
+
+
 def test_every_baked_in_value_is_in_the_compile_cache_key():
     """Each file's compile_rms_norm compiles once per process for each value its kernel bakes in, and the lesson's
     and the companion's launchers for the same arguments are two (their kernels differ)."""
-    a = lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a")
-    assert lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a") is a
-    assert lesson.compile_rms_norm("bfloat16", 1024, 1e-5, arch="sm_90a") is not a
-    assert lesson.compile_rms_norm("float32", 1024, 1e-5, arch="sm_90a") is not a
-    assert lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16") is not a
-    assert lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="bfloat16") is not \
-        lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16")
-    assert lesson.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not a
-    assert lesson.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not a
-    assert lesson.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not a
-    b = fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a")
-    assert b is not a and fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a") is b
-    assert fused.compile_rms_norm("bfloat16", 1024, 1e-5, arch="sm_90a") is not b
-    assert fused.compile_rms_norm("float32", 1024, 1e-5, arch="sm_90a") is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16") is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="bfloat16") is not \
-        fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", w_dtype="float16")
-    assert fused.compile_rms_norm("float16", 1000, 1e-5, arch="sm_90a") is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-6, arch="sm_90a") is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_80") is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", plans_by_tokens=False) is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", residual=True) is not b
-    assert fused.compile_rms_norm("float16", 1024, 1e-5, arch="sm_90a", y_scale=0.5) is not b
+    base = {"dtype": "float16", "hidden": 1024, "epsilon": 1e-5, "arch": "sm_90a"}
+    for module, changes in ((lesson, BAKED_IN), (fused, BAKED_IN + COMPANION_BAKED_IN)):
+        first = module.compile_rms_norm(**base)
+        assert module.compile_rms_norm(**base) is first
+        launchers = [first] + [module.compile_rms_norm(**{**base, **change}) for change in changes]
+        assert len({id(launcher) for launcher in launchers}) == len(launchers), module.__name__
+    assert lesson.compile_rms_norm(**base) is not fused.compile_rms_norm(**base)
 
 
 @pytest.mark.parametrize("hidden,line", [
