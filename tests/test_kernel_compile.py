@@ -19,8 +19,7 @@ import pytest
 import rms_norm_aot_cutedsl as aot
 import rms_norm_fused_cutedsl as fused
 import rms_norm_plugin_cutedsl as lesson
-from kernel_ptx import (alone, entries, fused_build, kernel_of, launcher_ptx, lesson_build,
-                        plan_build, ptxas_resources)
+from kernel_ptx import entries, kernel_of, launcher_ptx, lesson_build, plan_build, ptxas_resources
 from support import check_kernel
 
 ARCHES = ["sm_80", "sm_90a"]
@@ -375,7 +374,9 @@ def test_row_stays_on_chip_and_enough_threads_fit_on_an_sm(dtype, w_dtype, hidde
     fp32 X at MAX_HIDDEN holds 8 vectors of 4 per thread in 1024-thread CTAs: at most 64 registers each.
     """
     many = fused.plan_kernel(hidden, ELEM_BYTES[dtype])
-    for plan, _ in fused.token_schedule(hidden, ELEM_BYTES[dtype]):  # few, mid and cluster plans too
+    schedule = fused.token_schedule(hidden, ELEM_BYTES[dtype])
+    assert {plan for plan, _ in schedule} == plans_of(hidden, ELEM_BYTES[dtype])  # the launcher's kernels
+    for plan, _ in schedule:  # few, mid and cluster plans too, each compiled alone
         build = plan_build(plan, dtype, "sm_90a", w_dtype)
         (used,) = ptxas_resources(build.ptx).values()
         assert (used.frame, used.spill_stores, used.spill_loads) == (0, 0, 0), (str(plan), used)
@@ -651,8 +652,7 @@ def test_the_cluster_plan_adds_the_warp_sums_across_the_cluster(hidden):
     (st.async into a peer's shared memory, counted by the peer's mbarrier) and waits on its own mbarrier; no
     CTA barrier, and every store after the wait."""
     plan = fused.plan_kernel(hidden, 2, 1)
-    (ptx,) = (text for name, text in entries(launcher_ptx(hidden, "float16", "sm_90a")).items()
-              if f"_{plan}_" in name)
+    ptx = kernel_of(launcher_ptx(hidden, "float16", "sm_90a"), plan)
 
     def at(pattern):
         found = [m.start() for m in re.finditer(pattern, ptx)]
@@ -678,8 +678,7 @@ def test_the_mid_plan_stores_its_first_row_before_waiting_for_the_second(hidden)
     the wait for row 2 (wait_group 0)."""
     mid = fused.plan_kernel(hidden, 2, 512)
     assert mid.arrival == "cp.async"
-    (ptx,) = (text for name, text in entries(launcher_ptx(hidden, "float16", "sm_90a")).items()
-              if f"_{mid}_" in name)
+    ptx = kernel_of(launcher_ptx(hidden, "float16", "sm_90a"), mid)
     copies = [m.start() for m in re.finditer(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16\b", ptx)]
     commits = [m.start() for m in re.finditer(r"cp\.async\.commit_group;", ptx)]
     waits = {int(m[1]): m.start() for m in re.finditer(r"cp\.async\.wait_group\s+(\d+);", ptx)}
@@ -723,8 +722,7 @@ def test_the_bulk_mid_plan_copies_each_row_in_one_instruction_and_stores_row_1_b
     bytes and issues one cp.async.bulk per row (no per-vector cp.async), and row 1's stores come before the wait
     for row 2. On sm_80 the same count runs the cp.async plan."""
     mid = fused.plan_kernel(hidden, 2, 512)
-    (ptx,) = (text for name, text in entries(launcher_ptx(hidden, "float16", "sm_90a")).items()
-              if f"_{mid}_" in name)
+    ptx = kernel_of(launcher_ptx(hidden, "float16", "sm_90a"), mid)
     inits = [m.start() for m in re.finditer(r"mbarrier\.init\.shared(::cta)?\.b64", ptx)]
     sync = ptx.index("bar.sync")
     expects = [m.start() for m in re.finditer(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64", ptx)]

@@ -121,7 +121,7 @@ def test_the_launcher_runs_one_plan_for_every_count_the_one_plan_kernel_names(hi
 INSTRUCTION = re.compile(r"^\s*(?:@(!?%p\d+)\s+)?([a-z][\w.:]*)\s+([^;]*);", re.M)
 
 
-def kernel_ptx(plan, arch="sm_90a"):
+def kernel_text(plan, arch="sm_90a"):
     """The PTX of a plan's kernel, compiled alone by its file (16-bit X: fp16): the kernel a launcher holding the
     plan runs."""
     return kernel_of(plan_build(plan, {2: "float16", 4: "float32"}[plan.elem_bytes], arch).ptx, plan)
@@ -183,7 +183,7 @@ def test_each_row_mbarrier_expects_what_its_bulk_copies_bring(hidden, elem_bytes
     hand, at the token counts the mid plan serves, the last CTA included; every bulk copy moves one whole row.
     (A wrong count does not give a wrong answer: the kernel waits forever.)"""
     plan = fused.plan_kernel(hidden, elem_bytes, 512)
-    ptx = kernel_ptx(plan)
+    ptx = kernel_text(plan)
     assert plan.arrival == "bulk"
     arms = operands_of(ptx, r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64")
     copies = operands_of(ptx, r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes")
@@ -204,7 +204,7 @@ def test_a_cluster_mbarrier_expects_four_bytes_from_each_warp_of_the_row(hidden,
     """Over a cluster, each CTA's thread 0 arms its mbarrier for the row's warp sums: 4 bytes from every warp of
     the whole row (threads_per_row / 32 of them, over all CTAs), each warp sending one 32-bit st.async to each CTA."""
     plan = fused.plan_kernel(hidden, elem_bytes, tokens)
-    ptx = kernel_ptx(plan)
+    ptx = kernel_text(plan)
     assert plan.cluster_ctas > 1
     (arm,) = operands_of(ptx, r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64")
     assert integer_value(ptx, arm[-1], {"%tid.x": 0, "%ctaid.x": 0, "num_tokens": tokens}) == \
@@ -225,7 +225,7 @@ SPARE_SLOTS = [(fused.plan_kernel(1024, 2), 37), (fused.plan_kernel(2048, 2), 5)
 def test_a_spare_slot_of_the_last_cta_stores_nothing(plan, num_tokens):
     """Every thread of the last CTA evaluates the branch that guards its stores of Y (the nearest one before
     them): it skips them exactly where its row, found by counting slots by hand, lies past the call's last."""
-    ptx = kernel_ptx(plan)
+    ptx = kernel_text(plan)
     assert not plan.ragged and getattr(plan, "cluster_ctas", 1) == 1  # the lesson's plans have no cluster
     lines = ptx.splitlines()
     stores = [i for i, line in enumerate(lines) if "st.global" in line]
