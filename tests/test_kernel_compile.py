@@ -254,10 +254,10 @@ STAGING = [(2048, None),      # 4 KB: registers
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden,threads", STAGING)
 def test_rows_over_4_kb_are_staged_in_shared_memory_by_cp_async(arch, dtype, hidden, threads):
-    """Rows over 4 KB and under 32 KB with hidden % 8 == 0 (staged), except rows of 15-16 KB, copy X to shared memory by 16-byte
-    cp.async.cg, one copy per vector, split over whole warps; each thread waits for its own copies with no
-    barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows (short,
-    very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
+    """Rows over 4 KB and under 32 KB with hidden % 8 == 0 (staged), except rows of 15-16 KB, copy X to shared
+    memory by 16-byte cp.async.cg, one copy per vector, split over whole warps; each thread waits for its own
+    copies with no barrier in between, and the only global loads are W's (2 per vector of 8 floats). Other rows
+    (short, very long, or hidden % 8 != 0) load X with ld.global and use no cp.async."""
     plan, ptx = one_plan_ptx("fused", dtype, hidden, arch)
     assert staged(plan) == (threads is not None)
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]+\], \[[^]]+\], (\d+)", ptx)
@@ -812,7 +812,8 @@ def test_max_hidden_is_the_longest_row_the_plan_holds_in_registers():
     fp32 rows alike (an fp32 row takes twice the vectors of half the elements): 1024 threads of whole vectors,
     X in registers, the lesson's W a vector at a time at the store."""
     for elem_bytes in (2, 4):
-        for plan in (lesson.plan_kernel(lesson.MAX_HIDDEN, elem_bytes), fused.plan_kernel(lesson.MAX_HIDDEN, elem_bytes)):
+        for rule in (lesson.plan_kernel, fused.plan_kernel):
+            plan = rule(lesson.MAX_HIDDEN, elem_bytes)
             assert plan.threads_per_row == 1024 and plan.vecs_per_thread * plan.vec * plan.threads_per_row == 32768
             assert plan.vec * elem_bytes == 16 and plan.cta_threads == 1024
         assert not staged(fused.plan_kernel(lesson.MAX_HIDDEN, elem_bytes))
