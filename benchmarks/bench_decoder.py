@@ -214,6 +214,24 @@ def shape_timers(kernel, dtype, tokens, hidden, flashinfer):
     return timers, wrong, keep
 
 
+def table_parser(description, name):
+    """The flags the table scripts share, with `name` the default file name stem."""
+    parser = argparse.ArgumentParser(description=description)
+    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
+    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
+                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, "
+                             "5120, 8192, 16384)")
+    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
+                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved timing rounds per shape (default 5)")
+    parser.add_argument("--out-dir", default="bench-results",
+                        help="directory for NAME.md and NAME.json (default ./bench-results)")
+    parser.add_argument("--name", default=name,
+                        help=f"file name stem of the results (default {name})")
+    return parser
+
+
 def table_args(parser, args):
     """(shapes, dtypes, results folder) from the flags the table scripts share; a bad one exits 2 in
     one sentence, before any GPU work."""
@@ -228,19 +246,7 @@ def table_args(parser, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
-    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
-                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, "
-                             "5120, 8192, 16384)")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
-                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved timing rounds per shape (default 5)")
-    parser.add_argument("--out-dir", default="bench-results",
-                        help="directory for NAME.md and NAME.json")
-    parser.add_argument("--name", default="decoder",
-                        help="file name stem of the results (default decoder)")
+    parser = table_parser(__doc__.splitlines()[0], "decoder")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 

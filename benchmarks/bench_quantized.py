@@ -37,7 +37,6 @@ after every shape and form. Table (b) at every token count 1-32768 by LLM hidden
 warm: `python3 benchmarks/bench_fused_sweep.py residual_fp8`.
 """
 
-import argparse
 import functools
 import json
 import pathlib
@@ -51,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_decoder import (DECODER_HIDDENS, DECODER_TOKENS, DTYPE_NAMES, EPS,  # noqa: E402
-                           buffer_sets, checked_calls, cycling, norm_of, table_args)
+from bench_decoder import (EPS, buffer_sets, checked_calls, cycling, norm_of,  # noqa: E402
+                           table_args, table_parser)
 from bench_records import fused_record, interleaved_rounds  # noqa: E402
 from bench_rms_norm import current_stream, cute_tensors, graph_timer, package_version  # noqa: E402
 
@@ -374,19 +373,7 @@ def render(meta, rounds, flashinfer_why, records, notes) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
-    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
-                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, "
-                             "4096, 5120, 8192, 16384)")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
-                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved timing rounds per shape (default 5)")
-    parser.add_argument("--out-dir", default="bench-results",
-                        help="directory for NAME.md and NAME.json (default ./bench-results)")
-    parser.add_argument("--name", default="quantized",
-                        help="file name stem of the results (default quantized)")
+    parser = table_parser(__doc__.splitlines()[0], "quantized")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 
