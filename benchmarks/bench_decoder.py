@@ -246,7 +246,7 @@ def table_args(parser, args):
 
 
 def main():
-    parser = table_parser(__doc__.splitlines()[0], "decoder")
+    parser = table_parser(__doc__.split("\n\n")[0], "decoder")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 

@@ -145,7 +145,7 @@ def kernel_module(parser, path):
 def arguments(argv=None):
     """(the parser, the parsed flags with the lists parsed and the results folder made); a bad flag
     exits 2 in one sentence, before any GPU work."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("form", choices=FORMS, help="the table: residual or residual_fp8")
     parser.add_argument("--kernel-file", type=pathlib.Path, default=DEFAULT_KERNEL,
                         help="the module of the kernel under test (default: "

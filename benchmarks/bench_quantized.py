@@ -373,7 +373,7 @@ def render(meta, rounds, flashinfer_why, records, notes) -> str:
 
 
 def main():
-    parser = table_parser(__doc__.splitlines()[0], "quantized")
+    parser = table_parser(__doc__.split("\n\n")[0], "quantized")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 

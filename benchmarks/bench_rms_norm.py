@@ -298,7 +298,7 @@ def checked_cute_timer(name, call, x, w, y, dtype):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="bench-results",
                         help="directory for NAME.md and NAME.json (default ./bench-results; "
                              "created if missing)")

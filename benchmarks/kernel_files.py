@@ -23,7 +23,8 @@ FORMS = {"plain": {}, "residual": {"residual": True}, "fp8": {"y_scale": Y_SCALE
 
 
 def default_file(root: pathlib.Path) -> pathlib.Path:
-    """The file that holds a checkout's fast forms: its companion, or its sample where it has none."""
+    """The file that holds a checkout's fast forms: its companion, or its sample where it has
+    none."""
     companion = root / COMPANION_FILE
     return companion if companion.is_file() else root / LESSON_FILE
 

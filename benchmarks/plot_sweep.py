@@ -160,7 +160,7 @@ def svg(panels, axis, ymax, per_row=1):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="?", default=str(HERE / "results" / "h200.json"),
                         help="a bench_rms_norm.py or bench_fused_sweep.py JSON "
                              "(default benchmarks/results/h200.json)")

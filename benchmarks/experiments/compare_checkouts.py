@@ -18,7 +18,8 @@ bench_decoder.py's 25 shapes) or --shapes.
     git worktree add /tmp/base <commit>          # or: git archive <commit> | tar x -C /tmp/base
     python3 benchmarks/experiments/compare_checkouts.py /tmp/base [--rounds 5] \
         [--only table,decoder] [--forms plain,residual] [--dtypes float16]
-    python3 benchmarks/experiments/compare_checkouts.py --base-file /tmp/base/rms_norm_plugin_cutedsl.py
+    python3 benchmarks/experiments/compare_checkouts.py \
+        --base-file /tmp/base/rms_norm_plugin_cutedsl.py
 
 It prints a Markdown table, a line per form with its worst ratio, and exits 1 if an output of
 either side was off (timed all the same, marked *), 2 on a usage error.
@@ -53,7 +54,7 @@ PARTS = {**SHAPE_PARTS, "decoder": [(tokens, hidden) for hidden in bench_decoder
 def parse_args(argv=None):
     """(the flags, the shapes, the dtypes, the forms, {side: its file}); a user's error ends here
     in one sentence, before any GPU work."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_arguments(parser, "root of the other checkout (its companion, else its sample)")
     parser.add_argument("--forms", default=",".join(FORMS), metavar="F,...",
                         help=f"comma-separated, from {', '.join(FORMS)} (default all)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compare this checkout's kernels with another checkout's as machine code, kernel by kernel, without
-a GPU.
+"""Compare this checkout's kernels with another checkout's as machine code, kernel by kernel,
+without a GPU.
 
 The one command behind "the kernel compiles to the same machine code as <commit>". Each side is one
 file (benchmarks/kernel_files.py): by default this checkout's companion,
@@ -198,7 +198,7 @@ def hidden_sizes(text: str) -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_arguments(parser, "root of the other checkout (its companion, else its sample)")
     parser.add_argument("--forms", default=",".join(FORMS), metavar="F,...",
                         help=f"comma-separated, from {', '.join(FORMS)} (default all)")

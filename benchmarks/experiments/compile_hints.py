@@ -122,7 +122,7 @@ def time_shape(dtype, tokens, hidden, one_pass, rounds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", required=True, metavar="NxH,...", help="the shapes to time")
     parser.add_argument("--dtypes", default="float16", metavar="D,...",
                         help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default float16)")

@@ -85,7 +85,7 @@ def timers(dtype, tokens, hidden, specs, residual, flashinfer):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", required=True, metavar="NxH,...")
     parser.add_argument("--plans", default="own", metavar="SPEC,...")
     parser.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))

@@ -150,7 +150,7 @@ def main():
     from bench_records import interleaved_rounds, median_ratio
     from bench_rms_norm import checked_cute_timer, graph_timer, parse_shapes
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", required=True, help="comma-separated TOKENSxHIDDEN")
     parser.add_argument("--variants", required=True,
                         help="comma-separated tTkKsSpP; each runs where it covers the row")

@@ -90,7 +90,7 @@ def hidden_sizes(text: str) -> list:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("candidate", choices=CANDIDATES, help="the plan timed against the mid plan")
     parser.add_argument("hiddens", type=hidden_sizes, metavar="HIDDEN[,HIDDEN...]")
     args = parser.parse_args()

@@ -32,10 +32,10 @@ e.g. t96k2 or t160k4sl:
     python3 benchmarks/experiments/time_plans.py --registers --hidden 1024 --plans t64k2,t64k2lm16
 
 Timing: each round times copy_, the lesson and the copy, or copy_, the companion's own plan and
-every plan, once each in a rotating order (CUDA-graph replay, bench_rms_norm.py's timers), for --rounds
-rounds (default 5) and each of --dtypes (default float16). The plans' table gives medians over
-rounds of time / copy_ and time / own plan; --compile adds torch.compile (the benchmark's formula)
-to their rounds and a time / torch.compile column. --registers compiles for sm_90a and prints what
+every plan, once each in a rotating order (CUDA-graph replay, bench_rms_norm.py's timers), for
+--rounds rounds (default 5) and each of --dtypes (default float16). The plans' table gives medians
+over rounds of time / copy_ and time / own plan; --compile adds torch.compile (the benchmark's
+formula) to their rounds and a time / torch.compile column. --registers compiles for sm_90a and prints what
 ptxas -v reports (registers, spills) and the CTAs per SM, and, where nvdisasm is on PATH, how many
 global loads the SASS issues after a thread first waits for loaded data.
 """
@@ -283,7 +283,7 @@ def load_copy(path):
 
 def parse_args(argv=None):
     """The flags, checked, with --copy's file loaded as args.copy; a user's error ends here."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copy", metavar="FILE",
                         help="a copy of rms_norm_plugin_cutedsl.py, timed whole against the lesson")
     parser.add_argument("--plans", type=lambda s: s.split(","),
