@@ -5,9 +5,10 @@ kernels an edit changes, and only those.
 The edit below, in a copy of the lesson beside a copy of the companion, touches only the branch of
 Step 4 that epsilon 1e-40 takes (its rsqrt made 1 / sqrt), which the companion's kernel imports.
 At hidden 1024 every launcher holds one kernel (2 KB and 4 KB rows: ROW_PLANS has no few, mid or
-cluster plan for them), so on sm_80 the script compares 24 kernels: X fp16, bf16 and fp32 with W
-fp32, at epsilon 1e-5 and 1e-40 (1024 is one of its TINY_EPSILON_HIDDEN), in the plain and the
-residual form, each in the plugin's and the AOT flavor's launcher; the 12 at 1e-40 differ.
+cluster plan for them), so on sm_90a the script compares 12 kernels of the residual FP8 form (the
+residual and the FP8 hooks at once): X fp16, bf16 and fp32 with W fp32, at epsilon 1e-5 and 1e-40
+(1024 is one of its TINY_EPSILON_HIDDEN), each in the plugin's and the AOT flavor's launcher; the 6
+at 1e-40 differ.
 """
 
 import re
@@ -132,20 +133,19 @@ def test_an_edit_of_one_branch_differs_in_exactly_the_kernels_that_take_it(edite
     if shutil.which("ptxas") is None or shutil.which("nvdisasm") is None:
         pytest.skip("ptxas or nvdisasm is not on PATH "
                     "(pip install nvidia-cuda-nvcc nvidia-cuda-nvdisasm)")
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(edited_checkout), "--arch", "sm_80",
-                           "--hidden", "1024", "--forms", "plain,residual"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(edited_checkout), "--arch", "sm_90a",
+                           "--hidden", "1024", "--forms", "residual_fp8"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"comparing {edited_checkout / FUSED_PATH.name} (base) with "
-                               f"{FUSED_PATH} (new): 6 cases, forms plain, residual,")
+                               f"{FUSED_PATH} (new): 6 cases, forms residual_fp8,")
     differing = [re.match(r"DIFFERENT (.*), (\w+) form, (\w+) launcher kernel 1 of 1 \(.*\): "
                           r"PTX and SASS differ$", line)
                  for line in lines if line.startswith("DIFFERENT")]
     assert all(differing), lines
     assert sorted(m.groups() for m in differing) == sorted(
-        (f"sm_80 X {dtype} W float32 hidden 1024 epsilon 1e-40", form, launcher)
-        for dtype in ("float16", "bfloat16", "float32") for form in ("plain", "residual")
-        for launcher in ("plugin", "aot"))
-    assert lines[-1].startswith("12 of 24 kernels identical in PTX or SASS (12 in PTX, 0 only in "
+        (f"sm_90a X {dtype} W float32 hidden 1024 epsilon 1e-40", "residual_fp8", launcher)
+        for dtype in ("float16", "bfloat16", "float32") for launcher in ("plugin", "aot"))
+    assert lines[-1].startswith("6 of 12 kernels identical in PTX or SASS (6 in PTX, 0 only in "
                                 "SASS; 6 cases;")
