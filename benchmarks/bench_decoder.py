@@ -1,29 +1,34 @@
 #!/usr/bin/env python3
-"""The decoder table: the residual Add and the RMSNorm after it, fused, against the fused peers on one GPU.
+"""The decoder table: the residual Add and the RMSNorm after it, fused, against the fused peers on
+one GPU.
 
-In a decoder layer the norm reads s = x + r, and s is the next residual. Timed at each shape and dtype, every
-output checked once before it is timed (S bit for bit against torch's x + r, Y against the float64 norm of S):
+In a decoder layer the norm reads s = x + r, and s is the next residual. Timed at each shape and
+dtype, every output checked once before it is timed (S bit for bit against torch's x + r, Y against
+the float64 norm of S):
 
-* fused: the sample's residual form, one kernel reading X and R and writing S and Y;
-* add + plain: torch's add writing S, then the sample's plain kernel reading it back (what the plugin costs
-  where the Add stays TensorRT's own layer);
-* FlashInfer: flashinfer.norm.kernels.fused_add_rmsnorm (CuteDSL; in place: R becomes S and X becomes Y, W in
-  X's dtype);
+* fused: the fused companion's residual form (rms_norm_fused_cutedsl.py), one kernel reading X and R
+  and writing S and Y;
+* add + plain: torch's add writing S, then the companion's plain kernel reading it back (what the
+  plugin costs where the Add stays TensorRT's own layer);
+* FlashInfer: flashinfer.norm.kernels.fused_add_rmsnorm (CuteDSL; in place: R becomes S and X
+  becomes Y, W in X's dtype);
 * torch.compile: add-then-norm in one function, FP32 inside, returning (Y, S);
-* floor: two copy_ calls moving the fused form's bytes (X into one buffer, R into another: 2 reads, 2 writes).
+* floor: two copy_ calls moving the fused form's bytes (X into one buffer, R into another: 2 reads,
+  2 writes).
 
-Device time per call: CUDA-graph replay timed with CUDA events; R rounds (--rounds) each time every column
-once in a rotating order; medians, and ratios as medians of per-round ratios (bench_records.py). Each graph
-cycles through enough sets of X and R that a set comes back only after 256 MB of other traffic: in a decoder
-the GEMMs between two norms evict its activations from L2, and a loop over one set would keep an in-place
-peer's 2 tensors there while a 4-tensor form falls out (benchmarks/NOTES.md).
+Device time per call: CUDA-graph replay timed with CUDA events; R rounds (--rounds) each time every
+column once in a rotating order; medians, and ratios as medians of per-round ratios
+(bench_records.py). Each graph cycles through enough sets of X and R that a set comes back only
+after 256 MB of other traffic: in a decoder the GEMMs between two norms evict its activations from
+L2, and a loop over one set would keep an in-place peer's 2 tensors there while a 4-tensor form
+falls out (benchmarks/NOTES.md).
 
-    python3 benchmarks/bench_decoder.py [--shapes NxH,...] [--dtypes D,...] [--rounds R] [--out-dir DIR]
-        [--name NAME]
+    python3 benchmarks/bench_decoder.py [--shapes NxH,...] [--dtypes D,...] [--rounds R]
+        [--out-dir DIR] [--name NAME]
 
-Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/decoder.*), rewritten after every shape.
-The fused form at every token count 1-32768 by LLM hidden sizes, L2 cold and warm, against the fused
-peers: `python3 benchmarks/bench_fused_sweep.py residual`.
+Results go to DIR/NAME.md and DIR/NAME.json (default ./bench-results/decoder.*), rewritten after
+every shape. The fused form at every token count 1-32768 by LLM hidden sizes, L2 cold and warm,
+against the fused peers: `python3 benchmarks/bench_fused_sweep.py residual`.
 """
 
 import argparse
@@ -31,7 +36,6 @@ import itertools
 import json
 import math
 import pathlib
-import statistics
 import sys
 import time
 
@@ -40,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_records import FUSED_PEERS, interleaved_rounds, median_ratio  # noqa: E402
-from bench_rms_norm import (graph_calls, graph_timer, out_dir, package_version,  # noqa: E402
-                            parse_list, parse_shapes)
+from bench_records import fused_record, interleaved_rounds, peer_ratio  # noqa: E402
+from bench_rms_norm import (current_stream, cute_tensors, graph_calls, graph_timer,  # noqa: E402
+                            out_dir, package_version, parse_list, parse_shapes)
 
 EPS = 1e-5
 DTYPE_NAMES = ("float16", "bfloat16")
@@ -54,7 +58,8 @@ COLD_BYTES = 256 << 20  # bytes moved between two uses of a buffer set: 5x the H
 
 
 def add_then_norm(x, r, w):
-    """The decoder's step as torch.compile is given it: s in X's dtype, the norm of s in FP32, one cast."""
+    """The decoder's step as torch.compile is given it: s in X's dtype, the norm of s in FP32, one
+    cast."""
     s = x + r
     sf = s.float()
     y = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + EPS) * w
@@ -68,7 +73,8 @@ def norm_of(s, w):
 
 
 def misses(y, s, x, r, w, tolerance) -> str:
-    """'' if S is x + r bit for bit and Y within tolerance of the float64 norm of S, else what is off."""
+    """'' if S is x + r bit for bit and Y within tolerance of the float64 norm of S, else what is
+    off."""
     expected_s = x + r
     found = []
     if not torch.equal(s, expected_s):
@@ -90,54 +96,50 @@ def load_flashinfer():
 
 
 def buffer_sets(tokens, hidden, element_bytes=8) -> int:
-    """How many sets of buffers one graph cycles through: enough that a call's inputs are not still in L2 from
-    the last call on them (COLD_BYTES between two uses), as in a decoder, where the GEMMs between two norms
-    evict them; at most one a call of the graph. element_bytes: what a call moves per element of X (8: the
-    fused form's four 16-bit tensors)."""
+    """How many sets of buffers one graph cycles through: enough that a call's inputs are not still
+    in L2 from the last call on them (COLD_BYTES between two uses), as in a decoder, where the GEMMs
+    between two norms evict them; at most one a call of the graph. element_bytes: what a call moves
+    per element of X (8: the fused form's four 16-bit tensors)."""
     per_graph, _ = graph_calls(tokens, hidden)
     call_bytes = element_bytes * tokens * hidden
     return max(1, min(per_graph, math.ceil(COLD_BYTES / call_bytes)))
 
 
 def cycling(calls):
-    """One function calling calls[0], calls[1], ... in turn: a graph captured from it reads every set."""
+    """One function calling calls[0], calls[1], ... in turn: a graph captured from it reads every
+    set."""
     turn = itertools.cycle(calls)
     return lambda: next(turn)()
 
 
-def column_makers(sample, dtype, tokens, hidden, compiled, flashinfer, keep):
+def column_makers(kernel, dtype, tokens, hidden, compiled, flashinfer, keep):
     """{column: make(x, r) -> (call, result)} at one shape and dtype: result() gives (Y, S, the W
-    used) after a call, and is None for the floor, whose copies have nothing to check. compiled:
+    used) after a call, and is None for the floor, whose copies have nothing to check. kernel: the
+    module whose compile_rms_norm makes the fused and plain launchers (the companion); compiled:
     add_then_norm compiled; flashinfer: FlashInfer's fused_add_rmsnorm or None (no column). keep
     gets every buffer a graph uses: it must live until the shape is timed, as a graph holds raw
     addresses only."""
     w = torch.rand(hidden, device="cuda") + 0.5
     w_lp = w.to(getattr(torch, dtype))
     keep.append((w, w_lp))
-    fused = sample.compile_rms_norm(dtype, hidden, EPS, residual=True)
-
-    def stream():
-        return sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-
-    def cute(*tensors):
-        return [sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in tensors]
+    fused = kernel.compile_rms_norm(dtype, hidden, EPS, residual=True)
 
     def fused_call(x, r):
         y, s = torch.empty_like(x), torch.empty_like(x)
         keep.append((y, s))
-        fx, fw, fy, fr, fs = cute(x, w, y, r, s)
-        return (lambda: fused(fx, fw, fy, tokens, stream(), fr, fs)), lambda: (y, s, w)
+        fx, fw, fy, fr, fs = cute_tensors(x, w, y, r, s)
+        return (lambda: fused(fx, fw, fy, tokens, current_stream(), fr, fs)), lambda: (y, s, w)
 
     def add_plain_call(x, r):
         # Compiled where the column is made: bench_fused_sweep.py leaves the column out.
-        plain = sample.compile_rms_norm(dtype, hidden, EPS)
+        plain = kernel.compile_rms_norm(dtype, hidden, EPS)
         y, s = torch.empty_like(x), torch.empty_like(x)
         keep.append((y, s))
-        ps, pw, py = cute(s, w, y)
+        ps, pw, py = cute_tensors(s, w, y)
 
         def call():
             torch.add(x, r, out=s)
-            plain(ps, pw, py, tokens, stream())
+            plain(ps, pw, py, tokens, current_stream())
 
         return call, lambda: (y, s, w)
 
@@ -191,9 +193,11 @@ def residual_check(x, r, tolerance):
     return check
 
 
-def shape_timers(sample, dtype, tokens, hidden, flashinfer):
+def shape_timers(kernel, dtype, tokens, hidden, flashinfer):
     """({column: timer}, {column: what its checked output got wrong}, the buffers the graphs use:
     they must live until the shape is timed, as a graph holds raw addresses only)."""
+    from rms_norm_plugin_cutedsl import Y_TOLERANCE
+
     tdt = getattr(torch, dtype)
     sets = [(torch.randn(tokens, hidden, device="cuda", dtype=tdt),
              torch.randn(tokens, hidden, device="cuda", dtype=tdt))
@@ -201,8 +205,8 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
     keep = [sets]
     torch._dynamo.reset()  # one compiled graph per shape (dynamic=False) without piling up guards
     compiled = torch.compile(add_then_norm, dynamic=False)
-    makers = column_makers(sample, dtype, tokens, hidden, compiled, flashinfer, keep)
-    check = residual_check(*sets[0], sample.Y_TOLERANCE[dtype])
+    makers = column_makers(kernel, dtype, tokens, hidden, compiled, flashinfer, keep)
+    check = residual_check(*sets[0], Y_TOLERANCE[dtype])
     timers, wrong = {}, {}
     for name, make in makers.items():
         calls, wrong[name] = checked_calls(make, sets, check)
@@ -210,12 +214,31 @@ def shape_timers(sample, dtype, tokens, hidden, flashinfer):
     return timers, wrong, keep
 
 
+def table_parser(description, name):
+    """The flags the table scripts share, with `name` the default file name stem."""
+    parser = argparse.ArgumentParser(description=description)
+    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
+    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
+                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, "
+                             "5120, 8192, 16384)")
+    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
+                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved timing rounds per shape (default 5)")
+    parser.add_argument("--out-dir", default="bench-results",
+                        help="directory for NAME.md and NAME.json (default ./bench-results)")
+    parser.add_argument("--name", default=name,
+                        help=f"file name stem of the results (default {name})")
+    return parser
+
+
 def table_args(parser, args):
-    """(shapes, dtypes, results folder) from the flags the table scripts share; a bad one exits 2 in one
-    sentence, before any GPU work."""
+    """(shapes, dtypes, results folder) from the flags the table scripts share; a bad one exits 2 in
+    one sentence, before any GPU work."""
     shapes = parse_shapes(args.shapes)
     if shapes is None:
-        parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, e.g. 4096x8192,1x1024")
+        parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, "
+                     "e.g. 4096x8192,1x1024")
     dtypes = parse_list(parser, "--dtypes", args.dtypes, DTYPE_NAMES)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -223,19 +246,11 @@ def table_args(parser, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
-    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
-                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, 4096, 5120, 8192, 16384)")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
-                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per shape (default 5)")
-    parser.add_argument("--out-dir", default="bench-results", help="directory for NAME.md and NAME.json")
-    parser.add_argument("--name", default="decoder", help="file name stem of the results (default decoder)")
+    parser = table_parser(__doc__.split("\n\n")[0], "decoder")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_fused_cutedsl as fused
 
     flashinfer, why = load_flashinfer()
     command = "python3 benchmarks/bench_decoder.py " + " ".join(sys.argv[1:])
@@ -248,53 +263,52 @@ def main():
     emit(f"# Decoder table (residual Add + RMSNorm): {torch.cuda.get_device_name()}")
     emit()
     emit(f"command: `{command.strip()}`  ")
-    emit(f"versions: torch {torch.__version__}, cutlass-dsl {package_version('nvidia-cutlass-dsl')}, "
+    emit(f"versions: torch {torch.__version__}, "
+         f"cutlass-dsl {package_version('nvidia-cutlass-dsl')}, "
          f"flashinfer {package_version('flashinfer-python')}  ")
     emit(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     emit()
     if why:
         emit(f"FlashInfer: {why}: not timed.")
         emit()
-    emit(f"Device time per call in us, CUDA-graph replay cycling through buffer sets 256 MB apart (inputs "
-         f"not in L2), median of {args.rounds} interleaved rounds; ratios are medians of per-round ratios. Best "
-         "fused peer: the faster of FlashInfer and torch.compile. Floor: the fused form's bytes moved by two "
-         "copy_ calls. *: output checked and found off (see the notes).")
+    emit("Device time per call in us, CUDA-graph replay cycling through buffer sets 256 MB "
+         f"apart (inputs not in L2), median of {args.rounds} interleaved rounds; ratios are "
+         "medians of per-round ratios. Best fused peer: the faster of FlashInfer and "
+         "torch.compile. Floor: the fused form's bytes moved by two copy_ calls. *: output checked "
+         "and found off (see the notes).")
     emit()
-    header = ["dtype", "tokens x hidden", *COLUMNS.values(), "fused / best fused peer", "fused / add + plain",
-              "fused / floor"]
+    header = ["dtype", "tokens x hidden", *COLUMNS.values(), "fused / best fused peer",
+              "fused / add + plain", "fused / floor"]
     emit("| " + " | ".join(header) + " |")
     emit("|" + "---|" * len(header))
     for dtype in dtypes:
         for tokens, hidden in shapes:
-            timers, wrong, keep = shape_timers(sample, dtype, tokens, hidden, flashinfer)
+            timers, wrong, keep = shape_timers(fused, dtype, tokens, hidden, flashinfer)
             times = interleaved_rounds(timers, args.rounds)
             del keep, timers
-            for name, what in wrong.items():
-                if what:
-                    notes.append(f"{COLUMNS[name]} at {dtype} {tokens}x{hidden}: {what}; timed, marked *")
-            medians = {name: statistics.median(t) for name, t in times.items()}
-            peers = [name for name in FUSED_PEERS if name in times]
-            best = min(peers, key=lambda name: medians[name])
-            ratios = {other: median_ratio(times["fused"], times[other]) for other in (best, "add_plain", "floor")}
-            records.append({"dtype": dtype, "tokens": tokens, "hidden": hidden,
-                            "us": {name: round(us, 3) for name, us in medians.items()},
-                            "rounds_us": {name: [round(t, 4) for t in ts] for name, ts in times.items()},
-                            "best_fused_peer": best, "ratios": {k: round(v, 4) for k, v in ratios.items()},
-                            "wrong": {name: what for name, what in wrong.items() if what}})
+            notes += [f"{COLUMNS[name]} at {dtype} {tokens}x{hidden}: {what}; timed, marked *"
+                      for name, what in wrong.items() if what]
+            rec = fused_record({"dtype": dtype, "tokens": tokens, "hidden": hidden}, "fused",
+                               times, wrong, against=("add_plain", "floor"))
+            records.append(rec)
+            best, ratios = rec["best_fused_peer"], rec["ratios"]
             cells = [dtype, f"{tokens}x{hidden}"]
-            cells += [f"{medians[name]:.2f}{'*' * bool(wrong.get(name))}" if name in medians else "-"
-                      for name in COLUMNS]
+            cells += [f"{rec['us'][name]:.2f}{'*' * (name in rec['wrong'])}"
+                      if name in rec["us"] else "-" for name in COLUMNS]
             cells += [f"{ratios[best]:.3f} ({COLUMNS[best]})", f"{ratios['add_plain']:.3f}",
                       f"{ratios['floor']:.3f}"]
             emit("| " + " | ".join(cells) + " |")
             (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
             (out / f"{args.name}.json").write_text(json.dumps(records, indent=1) + "\n")
-    behind = [rec for rec in records if rec["ratios"][rec["best_fused_peer"]] > 1.0]
+    behind = [rec for rec in records if peer_ratio(rec) > 1.0]
+    summary = (f"fused at or ahead of the best fused peer in {len(records) - len(behind)} of "
+               f"{len(records)} cells")
+    if behind:
+        summary += "; behind in " + ", ".join(
+            f"{rec['dtype']} {rec['tokens']}x{rec['hidden']} ({peer_ratio(rec):.3f})"
+            for rec in behind)
     emit()
-    emit(f"fused at or ahead of the best fused peer in {len(records) - len(behind)} of {len(records)} cells" +
-         ("" if not behind else "; behind in " + ", ".join(
-             f"{rec['dtype']} {rec['tokens']}x{rec['hidden']} ({rec['ratios'][rec['best_fused_peer']]:.3f})"
-             for rec in behind)))
+    emit(summary)
     for note in notes:
         emit(f"- {note}")
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")

@@ -13,10 +13,11 @@ FUSED_SWEEP_HIDDENS), fp16 and bf16, one table a run:
   bench_quantized.py.
 
 The kernel under test comes from --kernel-file (default: the fused companion
-rms_norm_fused_cutedsl.py at the repo root), a module providing what the sample does:
+rms_norm_fused_cutedsl.py at the repo root; a companion elsewhere is imported on the lesson beside
+it, as benchmarks/kernel_files.py does), a module providing what the companion does:
 compile_rms_norm(dtype, hidden, epsilon, *, residual=True, y_scale=...) returning a launcher called
-as launcher(x, w, y, num_tokens, stream, r, s), from_dlpack, cuda, VECTOR_BYTES, Y_TOLERANCE and
-quantize_reference.
+as launcher(x, w, y, num_tokens, stream, r, s), and quantize_reference. The handoff to CuTe tensors
+and Y's tolerance are this checkout's lesson's.
 
 Every cell is timed twice, in one set of interleaved rounds: L2 cold, the graph cycling through
 buffer sets 256 MB apart as the tables do (a decoder's GEMMs evict a norm's tensors between two
@@ -65,27 +66,28 @@ from bench_records import (FUSED_PEERS, FUSED_SWEEP_HIDDENS, FUSED_SWEEP_TOKENS,
                            L2_STATES, fused_record, interleaved_rounds, peer_ratio,
                            sweep_grid_lines, sweep_summary_lines)
 from bench_rms_norm import graph_timer, out_dir, package_version, parse_list  # noqa: E402
-from support.check_kernel import load_module  # noqa: E402
+from kernel_files import COMPANION_FILE, load_kernel  # noqa: E402
 
-DEFAULT_KERNEL = ROOT / "rms_norm_fused_cutedsl.py"
+DEFAULT_KERNEL = ROOT / COMPANION_FILE
 # What the sweep takes from the kernel's module, as bench_decoder.py and bench_quantized.py take it
-# from the sample.
-KERNEL_NAMES = ("compile_rms_norm", "from_dlpack", "cuda", "VECTOR_BYTES", "Y_TOLERANCE",
-                "quantize_reference")
+# from the companion.
+KERNEL_NAMES = ("compile_rms_norm", "quantize_reference")
 
 
-def residual_columns(sample, dtype, tokens, hidden, compiled, flashinfer, keep, inputs):
+def residual_columns(kernel, dtype, tokens, hidden, compiled, flashinfer, keep, inputs):
     """{column: (make, check)} of the residual form: bench_decoder.py's columns, checked on
     inputs, the first buffer set."""
-    makers = bench_decoder.column_makers(sample, dtype, tokens, hidden, compiled, flashinfer, keep)
-    check = bench_decoder.residual_check(*inputs, sample.Y_TOLERANCE[dtype])
+    from rms_norm_plugin_cutedsl import Y_TOLERANCE
+
+    makers = bench_decoder.column_makers(kernel, dtype, tokens, hidden, compiled, flashinfer, keep)
+    check = bench_decoder.residual_check(*inputs, Y_TOLERANCE[dtype])
     return {name: (make, check) for name, make in makers.items()}
 
 
-def residual_fp8_columns(sample, dtype, tokens, hidden, compiled, flashinfer, keep, inputs):
+def residual_fp8_columns(kernel, dtype, tokens, hidden, compiled, flashinfer, keep, inputs):
     """{column: (make, check)} of the residual FP8 form: bench_quantized.py's columns of its
     table (b), checked on inputs, the first buffer set."""
-    cell = bench_quantized.make_cell(sample, dtype, tokens, hidden, {"residual": compiled},
+    cell = bench_quantized.make_cell(kernel, dtype, tokens, hidden, {"residual": compiled},
                                      flashinfer)
     check = bench_quantized.form_check("residual", cell, inputs)
     return {name: (make, functools.partial(check, name))
@@ -126,24 +128,24 @@ def parse_counts(parser, flag, text):
     return counts
 
 
-def load_kernel(parser, path):
+def kernel_module(parser, path):
     """The kernel's module from its file, or a usage error: an import that fails, or a module
     without KERNEL_NAMES."""
     try:
-        module = load_module(path, "sweep_kernel")
+        module = load_kernel(path, "sweep_kernel")
     except Exception as exc:  # the user's file: any error of its import is theirs to fix
         parser.error(f"--kernel-file {path} failed to import ({bench_quantized.failure_line(exc)})")
     missing = [name for name in KERNEL_NAMES if not hasattr(module, name)]
     if missing:
         parser.error(f"--kernel-file {path} lacks {', '.join(missing)} (the sweep calls the kernel "
-                     "as the sample's is called)")
+                     "as the companion's is called)")
     return module
 
 
 def arguments(argv=None):
     """(the parser, the parsed flags with the lists parsed and the results folder made); a bad flag
     exits 2 in one sentence, before any GPU work."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("form", choices=FORMS, help="the table: residual or residual_fp8")
     parser.add_argument("--kernel-file", type=pathlib.Path, default=DEFAULT_KERNEL,
                         help="the module of the kernel under test (default: "
@@ -173,7 +175,7 @@ def arguments(argv=None):
     return parser, args
 
 
-def time_cell(form_name, sample, dtype, tokens, hidden, compiled, flashinfer, rounds):
+def time_cell(form_name, kernel, dtype, tokens, hidden, compiled, flashinfer, rounds):
     """One shape's records, L2 cold and L2 warm, and {column: why it failed} for the peers that
     did."""
     form = FORMS[form_name]
@@ -185,7 +187,7 @@ def time_cell(form_name, sample, dtype, tokens, hidden, compiled, flashinfer, ro
         for tensor in (t for inputs in sets for t in inputs):
             torch._dynamo.mark_dynamic(tensor, 0)
     keep = [sets]
-    columns = form.columns(sample, dtype, tokens, hidden, compiled, flashinfer, keep, sets[0])
+    columns = form.columns(kernel, dtype, tokens, hidden, compiled, flashinfer, keep, sets[0])
     names = (form.kernel, *FUSED_PEERS) if flashinfer else (form.kernel, "torch_compile")
     timers, wrong, failed = {}, {}, {}
     for name in names:
@@ -244,7 +246,7 @@ def cell_line(records) -> str:
 
 def main():
     parser, args = arguments()
-    sample = load_kernel(parser, args.kernel_file)
+    kernel = kernel_module(parser, args.kernel_file)
     if not torch.cuda.is_available():
         parser.error("no CUDA GPU is visible: the sweep times kernels on one")
     form = FORMS[args.form]
@@ -269,7 +271,7 @@ def main():
             torch._dynamo.reset()
             compiled = torch.compile(form.function)
             for tokens in args.tokens:
-                cell, failed = time_cell(args.form, sample, dtype, tokens, hidden, compiled,
+                cell, failed = time_cell(args.form, kernel, dtype, tokens, hidden, compiled,
                                          flashinfer, args.rounds)
                 records += cell
                 where = f"at {dtype} {tokens}x{hidden}"

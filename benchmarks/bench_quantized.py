@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""The quantized table: the sample's FP8 form against norm-then-quantize peers on one GPU.
+"""The quantized table: the fused companion's FP8 form against norm-then-quantize peers on one GPU.
 
 An FP8 GEMM after the norm reads Y as FP8 E4M3, y_q = saturate(RNE(y / y_scale)), one byte an
 element. Two tables at each shape and dtype, every output checked once before it is timed (Y_q
 against the FP8 of the float64 norm, S bit for bit against torch's x + r):
 
 (a) plain, y = norm(x) * w:
-* fp8 (this): the sample's FP8 form, one kernel writing Y_q;
-* this + quantize: the sample's plain kernel writing Y in X's dtype, then a torch.compile'd
+* fp8 (this): the companion's FP8 form (rms_norm_fused_cutedsl.py), one kernel writing Y_q;
+* this + quantize: the companion's plain kernel writing Y in X's dtype, then a torch.compile'd
   quantize reading it back (the plugin where the quantize stays a layer of its own);
 * FlashInfer rmsnorm_quant: flashinfer.norm.kernels.rmsnorm.rmsnorm_quant_cute (CuteDSL; W in
   X's dtype, the scale a device tensor whose reciprocal it multiplies by);
 * torch.compile norm+quantize: one compiled function, FP32 inside, returning Y_q.
 
 (b) residual (decoder), s = x + r in X's dtype, y = norm(s) * w:
-* fp8 fused (this): the sample's residual FP8 form, one kernel reading X and R, writing S and Y_q;
+* fp8 fused (this): the companion's residual FP8 form, one kernel reading X and R, writing S and
+  Y_q;
 * add + this + quantize: torch's add writing S, the plain kernel, the compiled quantize;
 * FlashInfer fused_add_rmsnorm_quant: flashinfer.norm.kernels.fused_add_rmsnorm (R becomes S in
   place, X is only read, Y_q goes to a tensor of its own);
@@ -36,7 +37,6 @@ after every shape and form. Table (b) at every token count 1-32768 by LLM hidden
 warm: `python3 benchmarks/bench_fused_sweep.py residual_fp8`.
 """
 
-import argparse
 import functools
 import json
 import pathlib
@@ -50,15 +50,15 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_decoder import (DECODER_HIDDENS, DECODER_TOKENS, DTYPE_NAMES, EPS,  # noqa: E402
-                           buffer_sets, checked_calls, cycling, norm_of, table_args)
+from bench_decoder import (EPS, buffer_sets, checked_calls, cycling, norm_of,  # noqa: E402
+                           table_args, table_parser)
 from bench_records import fused_record, interleaved_rounds  # noqa: E402
-from bench_rms_norm import graph_timer, package_version  # noqa: E402
+from bench_rms_norm import current_stream, cute_tensors, graph_timer, package_version  # noqa: E402
 
 # |y| = |norm(x) * w| with W in [0.5, 1.5) is below 3 in 99 % of elements and past 7 in about one
 # in five million: y / 2^-6 spreads over FP8's range (normal from 2^-6, largest 448) and
 # saturates past 7 only.
-# A power of two makes y / y_scale and y * (1 / y_scale) the same number: the sample folds
+# A power of two makes y / y_scale and y * (1 / y_scale) the same number: the companion folds
 # 1 / y_scale into rstd, FlashInfer multiplies by rcp.approx of its scale, inductor may turn the
 # division into a product; so every column is asked for the very same y_q.
 Y_SCALE = 2.0**-6
@@ -83,9 +83,9 @@ FORMS = {
                   "flashinfer": "FlashInfer fused_add_rmsnorm_quant",
                   "torch_compile": "torch.compile add+norm+quantize"}),
 }
-# Bytes the sample's FP8 form moves per element of X: X and Y_q; X, R, S and Y_q (16-bit X).
+# Bytes the companion's FP8 form moves per element of X: X and Y_q; X, R, S and Y_q (16-bit X).
 FORM_ELEMENT_BYTES = {"plain": 3, "residual": 7}
-# The sample's launchers a table calls, by the compile_rms_norm arguments of each.
+# The companion's launchers a table calls, by the compile_rms_norm arguments of each.
 LAUNCHERS = {"fp8": {"y_scale": Y_SCALE}, "fused_fp8": {"residual": True, "y_scale": Y_SCALE},
              "plain": {}}
 
@@ -141,28 +141,24 @@ def load_flashinfer():
     return {"plain": rmsnorm_quant_cute, "residual": fused_add_rmsnorm_quant_cute}, None
 
 
-def make_cell(sample, dtype, tokens, hidden, compiled, flashinfer):
+def make_cell(kernel, dtype, tokens, hidden, compiled, flashinfer):
     """What both forms' columns share at one shape and dtype: W, the scale, the compiled calls
-    (launcher(name) compiles one of LAUNCHERS when a column first asks for it)."""
+    (launcher(name) compiles one of LAUNCHERS by the kernel module's compile_rms_norm when a column
+    first asks for it), its quantize_reference."""
+    from rms_norm_plugin_cutedsl import Y_TOLERANCE
+
     # W exact in bf16, so in fp16 too: FlashInfer's W in X's dtype is the others' W.
     w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16).float()
 
     @functools.cache
     def launcher(name):
-        return sample.compile_rms_norm(dtype, hidden, EPS, **LAUNCHERS[name])
-
-    def cute(*tensors):
-        return [sample.from_dlpack(t, assumed_align=sample.VECTOR_BYTES) for t in tensors]
-
-    def stream():
-        return sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        return kernel.compile_rms_norm(dtype, hidden, EPS, **LAUNCHERS[name])
 
     return types.SimpleNamespace(
         dtype=dtype, tokens=tokens, hidden=hidden, w=w, w_lp=w.to(getattr(torch, dtype)),
         scale=torch.full((1,), Y_SCALE, device="cuda"),  # FlashInfer reads it from a tensor
-        launcher=launcher, cute=cute, stream=stream, compiled=compiled, flashinfer=flashinfer,
-        quantize_reference=sample.quantize_reference,
-        x_dtype_tolerance=tuple(sample.Y_TOLERANCE[dtype]))
+        launcher=launcher, compiled=compiled, flashinfer=flashinfer,
+        quantize_reference=kernel.quantize_reference, x_dtype_tolerance=tuple(Y_TOLERANCE[dtype]))
 
 
 def plain_makers(cell, keep):
@@ -174,18 +170,18 @@ def plain_makers(cell, keep):
         launch = cell.launcher("fp8")
         y = torch.empty(x.shape, device="cuda", dtype=E4M3)
         keep.append(y)
-        fx, fw, fy = cell.cute(x, cell.w, y)
-        return (lambda: launch(fx, fw, fy, cell.tokens, cell.stream())), lambda: (y,)
+        fx, fw, fy = cute_tensors(x, cell.w, y)
+        return (lambda: launch(fx, fw, fy, cell.tokens, current_stream())), lambda: (y,)
 
     def this_quantize(x):
         launch = cell.launcher("plain")
         y = torch.empty_like(x)
         held = [None]  # the compiled quantize's last output
         keep.append((y, held))
-        fx, fw, fy = cell.cute(x, cell.w, y)
+        fx, fw, fy = cute_tensors(x, cell.w, y)
 
         def call():
-            launch(fx, fw, fy, cell.tokens, cell.stream())
+            launch(fx, fw, fy, cell.tokens, current_stream())
             held[0] = cell.compiled["quantize"](y)
 
         return call, lambda: (held[0],)
@@ -217,10 +213,10 @@ def residual_makers(cell, keep):
         y = torch.empty(x.shape, device="cuda", dtype=E4M3)
         s = torch.empty_like(x)
         keep.append((y, s))
-        fx, fw, fy, fr, fs = cell.cute(x, cell.w, y, r, s)
+        fx, fw, fy, fr, fs = cute_tensors(x, cell.w, y, r, s)
 
         def call():
-            launch(fx, fw, fy, cell.tokens, cell.stream(), fr, fs)
+            launch(fx, fw, fy, cell.tokens, current_stream(), fr, fs)
 
         return call, lambda: (y, s)
 
@@ -229,11 +225,11 @@ def residual_makers(cell, keep):
         s, y = torch.empty_like(x), torch.empty_like(x)
         held = [None]
         keep.append((s, y, held))
-        fs, fw, fy = cell.cute(s, cell.w, y)
+        fs, fw, fy = cute_tensors(s, cell.w, y)
 
         def call():
             torch.add(x, r, out=s)
-            launch(fs, fw, fy, cell.tokens, cell.stream())
+            launch(fs, fw, fy, cell.tokens, current_stream())
             held[0] = cell.compiled["quantize"](y)
 
         return call, lambda: (held[0], s)
@@ -377,23 +373,11 @@ def render(meta, rounds, flashinfer_why, records, notes) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_shapes = ",".join(f"{t}x{h}" for h in DECODER_HIDDENS for t in DECODER_TOKENS)
-    parser.add_argument("--shapes", default=default_shapes, metavar="NxH,...",
-                        help="tokens x hidden (default: 1, 128, 512, 4096, 16384 x 2048, "
-                             "4096, 5120, 8192, 16384)")
-    parser.add_argument("--dtypes", default=",".join(DTYPE_NAMES), metavar="D,...",
-                        help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default both)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved timing rounds per shape (default 5)")
-    parser.add_argument("--out-dir", default="bench-results",
-                        help="directory for NAME.md and NAME.json (default ./bench-results)")
-    parser.add_argument("--name", default="quantized",
-                        help="file name stem of the results (default quantized)")
+    parser = table_parser(__doc__.split("\n\n")[0], "quantized")
     args = parser.parse_args()
     shapes, dtypes, out = table_args(parser, args)
 
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_fused_cutedsl as fused
 
     flashinfer, why = load_flashinfer()
     meta = {"gpu": torch.cuda.get_device_name(),
@@ -413,7 +397,7 @@ def main():
                 # dynamic (at its second count), and no function outgrows its recompile limit.
                 torch._dynamo.reset()
                 group = (dtype, hidden)
-            cell = make_cell(sample, dtype, tokens, hidden, compiled, flashinfer)
+            cell = make_cell(fused, dtype, tokens, hidden, compiled, flashinfer)
             for form, (_, columns) in FORMS.items():
                 timers, wrong, failed, keep = form_timers(form, cell)
                 times = interleaved_rounds(timers, args.rounds)
@@ -429,7 +413,7 @@ def main():
                 (out / f"{args.name}.json").write_text(json.dumps(records, indent=1) + "\n")
     print(f"wrote {out / args.name}.md and .json")
     if any("fp8" in rec["wrong"] for rec in records):
-        sys.exit("error: the sample's FP8 form's output was wrong (see the notes)")
+        sys.exit("error: the companion's FP8 form's output was wrong (see the notes)")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 without torch or a GPU.
 
 A record is one implementation timed at one shape and dtype, as bench_rms_norm.py writes it to JSON:
-{"impl", "dtype", "tokens", "hidden", "us" (median over rounds), "gbps", "rounds_us" (one time per round,
-rounds interleaved across implementations)}. Ratios between two implementations are the median of their
-per-round ratios, so that a drift of the GPU's speed between rounds cancels out.
+{"impl", "dtype", "tokens", "hidden", "us" (median over rounds), "gbps", "rounds_us" (one time per
+round, rounds interleaved across implementations)}. Ratios between two implementations are the
+median of their per-round ratios, so that a drift of the GPU's speed between rounds cancels out.
 
 The fused tables (bench_quantized.py) and sweeps (bench_fused_sweep.py) keep one record a cell,
 every column in it: fused_record says which keys.
@@ -25,12 +25,14 @@ SHAPE_PARTS = {
 }
 DEFAULT_PARTS = ("matrix", "mid", "sweep")
 
-# Implementation names in records, in table order. "copy" is torch's copy_ of X into Y (the floor), "this" the
-# sample's kernel; the peers are the RMSNorm forwards users pick instead of it.
-IMPLS = ("copy", "this", "torch_eager", "torch_compile", "quack", "liger")
+# Implementation names in records, in table order. "copy" is torch's copy_ of X into Y (the floor),
+# "this" the fused companion's plain form (the kernel users deploy), "lesson" the lesson's
+# one-plan-a-row kernel; the peers are the RMSNorm forwards users pick instead of them.
+IMPLS = ("copy", "this", "lesson", "torch_eager", "torch_compile", "quack", "liger")
 PEERS = ("torch_compile", "quack", "liger")
-IMPL_TITLES = {"copy": "copy_", "this": "this kernel", "torch_eager": "torch eager", "torch_compile": "torch.compile",
-               "quack": "quack", "liger": "liger"}
+IMPL_TITLES = {"copy": "copy_", "this": "this kernel", "lesson": "the lesson",
+               "torch_eager": "torch eager", "torch_compile": "torch.compile", "quack": "quack",
+               "liger": "liger"}
 
 # The fused forms' sweep (bench_fused_sweep.py): every power of two of tokens, by hidden sizes of
 # real LLMs, powers of two or not (896 Qwen2-0.5B, 1536 Qwen2-1.5B, 3584 Qwen2-7B, 4096
@@ -60,10 +62,11 @@ def shapes_of(parts):
 
 
 def interleaved_rounds(timers, rounds):
-    """{name: [one time per round]}: each round calls every timer once, starting one name later than the last round.
+    """{name: [one time per round]}: each round calls every timer once, starting one name later
+    than the last round.
 
-    Rotating the order keeps any one implementation from always running right after the same other one (or
-    always first, right after the previous shape's work).
+    Rotating the order keeps any one implementation from always running right after the same other
+    one (or always first, right after the previous shape's work).
     """
     names = list(timers)
     times = {name: [] for name in names}
@@ -80,12 +83,14 @@ def traffic_bytes(tokens, hidden, elem=2):
 
 
 def median_ratio(times, base):
-    """The median over rounds of times[r] / base[r]: two implementations' per-round times from interleaved_rounds."""
+    """The median over rounds of times[r] / base[r]: two implementations' per-round times from
+    interleaved_rounds."""
     return statistics.median(t / b for t, b in zip(times, base))
 
 
 def ratio(a, b):
-    """a's time over b's (two records of one shape and dtype): the median of per-round ratios where both have rounds."""
+    """a's time over b's (two records of one shape and dtype): the median of per-round ratios where
+    both have rounds."""
     ra, rb = a.get("rounds_us"), b.get("rounds_us")
     if ra and rb and len(ra) == len(rb):
         return median_ratio(ra, rb)
@@ -93,12 +98,14 @@ def ratio(a, b):
 
 
 def targets_at(tokens, hidden, elem=2):
-    """Issue 18's targets at one shape, as (label, against, limit): the kernel's time / `against`'s <= limit.
+    """Issue 18's targets at one shape, as (label, against, limit): the kernel's time / `against`'s
+    <= limit.
 
     `against` is "copy", "torch_compile" or "peer" (the fastest of PEERS, with the tie rule).
     """
     targets = []
-    in_matrix = (hidden in MATRIX_HIDDENS and tokens in MATRIX_TOKENS) or (tokens, hidden) == (32768, 8192)
+    in_matrix = ((hidden in MATRIX_HIDDENS and tokens in MATRIX_TOKENS)
+                 or (tokens, hidden) == (32768, 8192))
     in_sweep = tokens == SWEEP_TOKENS and hidden % 512 == 0 and 512 <= hidden <= 16384
     if in_matrix or in_sweep:
         targets.append(("<= fastest peer", "peer", 1.0))
@@ -116,7 +123,8 @@ def targets_at(tokens, hidden, elem=2):
 
 
 def group_records(records):
-    """{(dtype, tokens, hidden): {impl: record}} for the device-time records (those with a shape and a time)."""
+    """{(dtype, tokens, hidden): {impl: record}} for the device-time records (those with a shape
+    and a time)."""
     groups = {}
     for rec in records:
         if rec.get("impl") in IMPLS:  # the fused tables' records have none
@@ -125,10 +133,12 @@ def group_records(records):
 
 
 def evaluate(records, elem=2):
-    """One summary row per shape and dtype that has both "this" and "copy": ratios and the targets met or missed.
+    """One summary row per shape and dtype that has both "this" and "copy": ratios and the targets
+    met or missed.
 
-    Each row: dtype, tokens, hidden, best_peer (None without peers), this_best, this_copy, and checks, a list of
-    (label, ratio, limit, met); met is None where the target's reference was not timed.
+    Each row: dtype, tokens, hidden, best_peer (None without peers), this_best, this_copy, and
+    checks, a list of (label, ratio, limit, met); met is None where the target's reference was not
+    timed.
     """
     rows = []
     for (dtype, tokens, hidden), impls in group_records(records).items():
@@ -143,19 +153,21 @@ def evaluate(records, elem=2):
         for label, against, limit in targets_at(tokens, hidden, elem):
             if against == "peer":
                 value = this_best
-                met = None if value is None else (value <= limit or (value <= TIE and this_copy <= TIE_NEAR_COPY))
+                tie = value is not None and value <= TIE and this_copy <= TIE_NEAR_COPY
+                met = None if value is None else (value <= limit or tie)
             else:
                 value = ratio(this, impls[against]) if against in impls else None
                 met = None if value is None else value <= limit
             checks.append((label, value, limit, met))
-        rows.append({"dtype": dtype, "tokens": tokens, "hidden": hidden, "best_peer": best["impl"] if best else None,
-                     "this_best": this_best, "this_copy": this_copy, "checks": checks})
+        rows.append({"dtype": dtype, "tokens": tokens, "hidden": hidden,
+                     "best_peer": best["impl"] if best else None, "this_best": this_best,
+                     "this_copy": this_copy, "checks": checks})
     return rows
 
 
 def verdict(checks):
-    """A summary row's pass/fail cell: "MISSED: <labels>", "untimed: <labels>" (a reference not timed), "met", or
-    "-" where no target applies."""
+    """A summary row's pass/fail cell: "MISSED: <labels>", "untimed: <labels>" (a reference not
+    timed), "met", or "-" where no target applies."""
     missed = [label for label, _, _, met in checks if met is False]
     untimed = [label for label, _, _, met in checks if met is None]
     if missed:
@@ -167,12 +179,13 @@ def verdict(checks):
 
 def summary_lines(rows):
     """The targets summary as Markdown table lines."""
-    lines = ["| dtype | tokens x hidden | best peer | this / best peer | this / copy_ | targets | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | tokens x hidden | best peer | this / best peer | this / copy_ | targets | "
+             "verdict |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         best = IMPL_TITLES[row["best_peer"]] if row["best_peer"] else "-"
         this_best = f"{row['this_best']:.3f}" if row["this_best"] is not None else "-"
-        targets = "; ".join(f"{label} ({value:.3f})" if value is not None else f"{label} (not timed)"
+        targets = "; ".join(f"{label} ({value:.3f})" if value is not None
+                            else f"{label} (not timed)"
                             for label, value, _, _ in row["checks"]) or "-"
         lines.append(f"| {row['dtype']} | {row['tokens']}x{row['hidden']} | {best} | {this_best} | "
                      f"{row['this_copy']:.3f} | {targets} | {verdict(row['checks'])} |")

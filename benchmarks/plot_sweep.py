@@ -28,8 +28,8 @@ sys.path.insert(0, str(HERE))
 from bench_records import (IMPL_TITLES, L2_STATES, SWEEP_TOKENS, group_records,  # noqa: E402
                            peer_ratio, ratio)
 
-COLORS = {"this": "#d62728", "torch_eager": "#7f7f7f", "torch_compile": "#1f77b4", "quack": "#2ca02c",
-          "liger": "#9467bd"}
+COLORS = {"this": "#d62728", "lesson": "#ff7f0e", "torch_eager": "#7f7f7f",
+          "torch_compile": "#1f77b4", "quack": "#2ca02c", "liger": "#9467bd"}
 # A fused sweep's hidden sizes, in order, take these colors in turn (matplotlib's ten).
 HIDDEN_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                  "#7f7f7f", "#bcbd22", "#17becf")
@@ -43,15 +43,18 @@ Axis = collections.namedtuple("Axis", "label ticks")
 
 
 def sweep_ratios(records):
-    """{dtype: {impl: [(hidden, time / copy_)]}} over the sweep's shapes (SWEEP_TOKENS tokens, hidden % 512 == 0)."""
+    """{dtype: {impl: [(hidden, time / copy_)]}} over the sweep's shapes (SWEEP_TOKENS tokens,
+    hidden % 512 == 0)."""
     out = {}
-    shapes = sorted(group_records(records).items(), key=lambda item: (item[0][0] != "float16", item[0]))
+    shapes = sorted(group_records(records).items(),
+                    key=lambda item: (item[0][0] != "float16", item[0]))
     for (dtype, tokens, hidden), impls in shapes:  # float16 first
         if tokens != SWEEP_TOKENS or hidden % 512 or "copy" not in impls:
             continue
         for impl, rec in impls.items():
             if impl != "copy":
-                out.setdefault(dtype, {}).setdefault(impl, []).append((hidden, ratio(rec, impls["copy"])))
+                points = out.setdefault(dtype, {}).setdefault(impl, [])
+                points.append((hidden, ratio(rec, impls["copy"])))
     return out
 
 
@@ -65,7 +68,8 @@ def plain_figure(ratios, ymax):
             f"{dtype}, {SWEEP_TOKENS} tokens: time / copy_ (above {ymax:g}: drawn at the top)",
             [(1.0, "none", None), (1.05, "4 3", "1.05 x copy_")],
             [(IMPL_TITLES[impl], COLORS.get(impl, "black"), points) for impl, points in ordered]))
-    hiddens = sorted({h for impls in ratios.values() for points in impls.values() for h, _ in points})
+    hiddens = sorted({h for impls in ratios.values() for points in impls.values()
+                      for h, _ in points})
     ticks = [(h, str(h)) for h in hiddens if h % 2048 == 0 or h == hiddens[0]]
     return panels, Axis("hidden", ticks)
 
@@ -145,8 +149,8 @@ def svg(panels, axis, ymax, per_row=1):
                      f'text-anchor="middle">{axis.label}</text>')
         for k, (title, color, line) in enumerate(panel.lines):
             coords = " ".join(f"{sx(x, left):.1f},{sy(r, top):.1f}" for x, r in line)
-            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{coords}">'
-                         f'<title>{title}</title></polyline>')
+            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" '
+                         f'points="{coords}"><title>{title}</title></polyline>')
             ly = top + 14 + 18 * k
             parts.append(f'<line x1="{right + 12}" x2="{right + 32}" y1="{ly}" y2="{ly}" '
                          f'stroke="{color}" stroke-width="2"/>')
@@ -156,13 +160,14 @@ def svg(panels, axis, ymax, per_row=1):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="?", default=str(HERE / "results" / "h200.json"),
                         help="a bench_rms_norm.py or bench_fused_sweep.py JSON "
                              "(default benchmarks/results/h200.json)")
     parser.add_argument("-o", "--output", default=None,
                         help="the SVG to write (default: the JSON's name with _sweep.svg)")
-    parser.add_argument("--ymax", type=float, default=1.5, help="top of the ratio axis (default 1.5)")
+    parser.add_argument("--ymax", type=float, default=1.5,
+                        help="top of the ratio axis (default 1.5)")
     args = parser.parse_args()
     source = pathlib.Path(args.json)
     try:
@@ -182,7 +187,9 @@ def main():
         parser.error(f"{source} has no sweep records ({SWEEP_TOKENS} tokens with copy_ timed, or "
                      "a fused sweep's): run bench_rms_norm.py with --only sweep, or "
                      "bench_fused_sweep.py")
-    target = pathlib.Path(args.output) if args.output else source.with_name(source.stem + "_sweep.svg")
+    target = source.with_name(source.stem + "_sweep.svg")
+    if args.output:
+        target = pathlib.Path(args.output)
     target.write_text(svg(panels, axis, args.ymax, per_row))
     print(f"wrote {target}")
 

@@ -157,18 +157,18 @@ def test_the_defaults_run_every_token_count_from_the_largest(tmp_path):
 
 
 @pytest.mark.parametrize("source,message", [
-    ("compile_rms_norm = None\nY_TOLERANCE = {}\n",
-     "lacks from_dlpack, cuda, VECTOR_BYTES, quantize_reference"),
+    ("compile_rms_norm = None\nY_TOLERANCE = {}\n", "lacks quantize_reference"),
     ("raise ImportError('the package cutlass is not installed')\n",
      "failed to import (ImportError: the package cutlass is not installed)"),
 ])
-def test_a_kernel_file_without_the_samples_names_is_refused(tmp_path, capsys, source, message):
+def test_a_kernel_file_without_the_companions_names_is_refused(tmp_path, capsys, source,
+                                                                message):
     kernel = tmp_path / "kernel.py"
     kernel.write_text(source)
     parser, _ = sweep.arguments(["residual", "--kernel-file", str(kernel), "--out-dir",
                                  str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
-        sweep.load_kernel(parser, kernel)
+        sweep.kernel_module(parser, kernel)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.splitlines()[-1]
 
@@ -181,7 +181,7 @@ def test_the_script_refuses_a_kernel_file_in_one_sentence(tmp_path):
                           env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    assert f"--kernel-file {kernel} lacks from_dlpack" in proc.stderr.splitlines()[-1]
+    assert f"--kernel-file {kernel} lacks quantize_reference" in proc.stderr.splitlines()[-1]
 
 
 def test_the_plot_has_a_panel_per_dtype_and_l2_state_and_a_line_per_hidden(tmp_path):

@@ -4,7 +4,6 @@ either neighbour only near a rounding midpoint, and its tables come out of hand-
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -56,29 +55,29 @@ def test_help_names_the_default_results(tmp_path):
     assert "default./bench-results" in text and "defaultquantized" in text
 
 
-def exact_fp8(sample, ref):
-    return torch.from_numpy(sample.quantize_reference(ref.numpy(), bq.Y_SCALE)).to(bq.E4M3)
+def exact_fp8(fused, ref):
+    return torch.from_numpy(fused.quantize_reference(ref.numpy(), bq.Y_SCALE)).to(bq.E4M3)
 
 
-def test_the_fp8_check_takes_the_exact_values_and_counts_a_step_off(sample_standin):
+def test_the_fp8_check_takes_the_exact_values_and_counts_a_step_off(fused_standin):
     ref = torch.randn(64, 512, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     # Zero, below FP8's smallest step, saturated both ways.
     ref[0, :4] = torch.tensor([0.0, 1e-7, 20.0, -20.0], dtype=torch.float64)
-    y_q = exact_fp8(sample_standin, ref)
-    assert bq.fp8_misses(y_q, ref, sample_standin.quantize_reference, *bq.SINGLE_ROUNDING) == 0
+    y_q = exact_fp8(fused_standin, ref)
+    assert bq.fp8_misses(y_q, ref, fused_standin.quantize_reference, *bq.SINGLE_ROUNDING) == 0
     off = y_q.float()
     off[5, 7] *= 1.125  # 12.5 %: at least one FP8 step away
     off[9, 1] = float("nan")
-    assert bq.fp8_misses(off.to(bq.E4M3), ref, sample_standin.quantize_reference,
+    assert bq.fp8_misses(off.to(bq.E4M3), ref, fused_standin.quantize_reference,
                          *bq.SINGLE_ROUNDING) == 2
 
 
-def test_the_fp8_check_takes_either_neighbour_only_near_a_midpoint(sample_standin):
+def test_the_fp8_check_takes_either_neighbour_only_near_a_midpoint(fused_standin):
     """1.0625 x y_scale lies halfway between the FP8 values 1.0 and 1.125 (x y_scale)."""
     mid = 1.0625 * bq.Y_SCALE
     ref = torch.tensor([mid * (1 + 2.0**-20), mid * (1 - 2.0**-20), mid * (1 + 2.0**-12)],
                        dtype=torch.float64)
-    quantize_reference = sample_standin.quantize_reference
+    quantize_reference = fused_standin.quantize_reference
     for got in ([1.0, 1.0, 1.125], [1.125, 1.125, 1.125]):
         y_q = torch.tensor(got).to(bq.E4M3)
         assert bq.fp8_misses(y_q, ref, quantize_reference, *bq.SINGLE_ROUNDING) == 0
@@ -88,7 +87,7 @@ def test_the_fp8_check_takes_either_neighbour_only_near_a_midpoint(sample_standi
     assert bq.fp8_misses(y_q, ref, quantize_reference, 2.0**-10, 1e-6) == 0
 
 
-def test_the_check_passes_torch_compiles_formula_on_the_cpu(sample_standin):
+def test_the_check_passes_torch_compiles_formula_on_the_cpu(fused_standin):
     """The torch.compile columns' functions, run eagerly: the plain one within one rounding, the
     residual one with S bit for bit."""
     gen = torch.Generator().manual_seed(5)
@@ -97,17 +96,17 @@ def test_the_check_passes_torch_compiles_formula_on_the_cpu(sample_standin):
     w = (torch.rand(1024, generator=gen) + 0.5).to(torch.bfloat16).float()
     ref = bench_decoder.norm_of(x, w)
     y_q = bq.norm_then_quantize(x, w)
-    assert bq.misses((y_q,), ref, None, sample_standin.quantize_reference,
+    assert bq.misses((y_q,), ref, None, fused_standin.quantize_reference,
                      bq.SINGLE_ROUNDING) == ""
     y_q, s = bq.add_norm_quantize(x, r, w)
     s_ref = x + r
     found = bq.misses((y_q, s), bench_decoder.norm_of(s_ref, w), s_ref,
-                      sample_standin.quantize_reference, bq.SINGLE_ROUNDING)
+                      fused_standin.quantize_reference, bq.SINGLE_ROUNDING)
     assert found == ""
     s_off = s.clone()
     s_off[3, 3] += 1
     found = bq.misses((y_q, s_off), bench_decoder.norm_of(s_ref, w), s_ref,
-                      sample_standin.quantize_reference, bq.SINGLE_ROUNDING)
+                      fused_standin.quantize_reference, bq.SINGLE_ROUNDING)
     assert found == "S differs from x + r at 1 elements"
 
 

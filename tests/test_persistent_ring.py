@@ -1,8 +1,9 @@
-"""CPU: benchmarks/experiments/persistent_ring.py builds the variant its spec names and compiles it for sm_90a.
+"""CPU: benchmarks/experiments/persistent_ring.py builds the variant its spec names and compiles it
+for sm_90a.
 
-The counts below follow from the script's design, worked out by hand: thread 0 issues one bulk copy per ring
-slot before the row loop (unrolled, one per slot) and one refill inside the loop; the launch bound is the
-variant's CTAs per SM.
+The counts below follow from the script's design, worked out by hand: thread 0 issues one bulk copy
+per ring slot before the row loop (unrolled, one per slot) and one refill inside the loop; the
+launch bound is the variant's CTAs per SM.
 """
 
 import re
@@ -21,7 +22,8 @@ def ring():
 
 @pytest.mark.parametrize("spec,hidden,why", [
     ("t384k4s2p2", 10240, "must cover 10240"),    # 384 x 4 x 8 = 12288
-    ("t48k32s2p1", 12288, "whole warps"),         # covers the row, but Step 3's sums need whole warps
+    # covers the row, but Step 3's sums need whole warps
+    ("t48k32s2p1", 12288, "whole warps"),
     ("t384k4s2", 12288, "not of the form"),
 ])
 def test_a_variant_that_cannot_serve_the_row_is_refused(ring, spec, hidden, why):

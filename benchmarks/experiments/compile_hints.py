@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Time torch.compile's RMSNorm with its cache-eviction hints removed one at a time, beside copy_ and the sample.
+"""Time torch.compile's RMSNorm with its cache-eviction hints removed one at a time, beside copy_
+and the fused companion's kernel.
 
-For long rows inductor generates a kernel that reads each row twice: the sum of squares loads X with
-eviction_policy='evict_last', the output loop loads X again ('evict_first') and W ('evict_last'). This script
-takes the module inductor writes for one shape (run_and_get_code), deletes hints from its source by pattern,
-loads each edit with PyCodeCache.load and times every variant in interleaved rounds with bench_rms_norm.py's
-timers. --one-pass adds a Triton kernel that reads X once (the whole row in registers, as the sample holds it)
-with each combination of hints. benchmarks/NOTES.md, eighth pass, has what it showed on the H200. copy_ is
-timed by graph replay only (bench_rms_norm.py keeps the faster of that and eager launches), which on the H200 ran
-slow at 32768 x 8192: there, read the column against torch.compile.
+For long rows inductor generates a kernel that reads each row twice: the sum of squares loads X
+with eviction_policy='evict_last', the output loop loads X again ('evict_first') and W
+('evict_last'). This script takes the module inductor writes for one shape (run_and_get_code),
+deletes hints from its source by pattern, loads each edit with PyCodeCache.load and times every
+variant in interleaved rounds with bench_rms_norm.py's timers. --one-pass adds a Triton kernel
+that reads X once (the whole row in registers, as the companion (rms_norm_fused_cutedsl.py) holds
+it) with each combination of hints. benchmarks/NOTES.md, eighth pass, has what it showed on the
+H200. copy_ is timed by graph replay only (bench_rms_norm.py keeps the faster of that and eager
+launches), which on the H200 ran slow at 32768 x 8192: there, read the column against
+torch.compile.
 
-    python3 benchmarks/experiments/compile_hints.py --shapes 16384x12288,32768x8192 [--dtypes float16] [--one-pass]
+    python3 benchmarks/experiments/compile_hints.py --shapes 16384x12288,32768x8192 \
+        [--dtypes float16] [--one-pass]
 """
 
 import argparse
@@ -25,12 +29,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-import rms_norm_plugin_cutedsl as sample  # noqa: E402
+import rms_norm_fused_cutedsl as fused  # noqa: E402
 from bench_records import interleaved_rounds, median_ratio  # noqa: E402
-from bench_rms_norm import DTYPE_NAMES, EPS, graph_timer, parse_list, parse_shapes, torch_reference  # noqa: E402
+from bench_rms_norm import (DTYPE_NAMES, EPS, graph_timer, parse_list, parse_shapes,  # noqa: E402
+                            prepared_call, torch_reference)
 
-# Hints deleted from inductor's source: (policies, and the pointer whose loads lose them, None for all). In its
-# kernel in_ptr0 is X and in_ptr1 is W, the order of the compiled function's arguments.
+# Hints deleted from inductor's source: (policies, and the pointer whose loads lose them, None for
+# all). In its kernel in_ptr0 is X and in_ptr1 is W, the order of the compiled function's
+# arguments.
 EDITS = {
     "no hints": (("evict_first", "evict_last"), None),
     "no evict_first": (("evict_first",), None),
@@ -41,7 +47,8 @@ EDITS = {
 
 
 def drop_hints(source, policies, pointer):
-    """The source without its eviction_policy arguments naming these policies, on pointer's loads only if given."""
+    """The source without its eviction_policy arguments naming these policies, on pointer's loads
+    only if given."""
     hint = re.compile(r",\s*eviction_policy='(?:%s)'" % "|".join(policies))
     return "\n".join(hint.sub("", line) if pointer is None or f"{pointer} +" in line else line
                      for line in source.split("\n"))
@@ -58,7 +65,8 @@ def one_pass_kernels():
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < H
-        x = tl.load(X + row * H + cols, mask=mask, other=0.0, eviction_policy=X_POLICY).to(tl.float32)
+        x = tl.load(X + row * H + cols, mask=mask, other=0.0, eviction_policy=X_POLICY)
+        x = x.to(tl.float32)
         w = tl.load(W + cols, mask=mask, other=0.0, eviction_policy=W_POLICY)
         rstd = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
         tl.store(Y + row * H + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
@@ -66,8 +74,8 @@ def one_pass_kernels():
     def launcher(x_policy, w_policy):
         def launch(x, w, y):
             tokens, hidden = x.shape
-            rms_norm_one_pass[(tokens,)](x, w, y, hidden, triton.next_power_of_2(hidden), EPS, x_policy, w_policy,
-                                         num_warps=16)
+            rms_norm_one_pass[(tokens,)](x, w, y, hidden, triton.next_power_of_2(hidden), EPS,
+                                         x_policy, w_policy, num_warps=16)
         return launch
 
     return {f"one pass, X {xp or 'default'}, W {wp or 'default'}": launcher(xp, wp)
@@ -89,15 +97,15 @@ def time_shape(dtype, tokens, hidden, one_pass, rounds):
     for name, (policies, pointer) in EDITS.items():
         source = drop_hints(sources[0], policies, pointer)
         if source == sources[0]:
-            print(f"{dtype} {tokens}x{hidden}: {name}: inductor's kernel has no such hint", file=sys.stderr)
+            print(f"{dtype} {tokens}x{hidden}: {name}: inductor's kernel has no such hint",
+                  file=sys.stderr)
             continue
         module = PyCodeCache.load(source)
         module.call([x, w])  # compiles outside the capture
         timers[name] = graph_timer(lambda m=module: m.call([x, w]), tokens, hidden)
     launches = one_pass_kernels() if one_pass else {}
-    launches["the sample"] = lambda x_, w_, y_, k=sample.compile_rms_norm(dtype, hidden, EPS): k(
-        sample.from_dlpack(x_, assumed_align=16), sample.from_dlpack(w_, assumed_align=16),
-        sample.from_dlpack(y_, assumed_align=16), tokens, sample.cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+    kernel = fused.compile_rms_norm(dtype, hidden, EPS)
+    launches["the companion"] = lambda x_, w_, y_: prepared_call(kernel, x_, w_, y_)()
     for name, launch in launches.items():
         y = torch.empty_like(x)
         keep.append(y)
@@ -107,25 +115,28 @@ def time_shape(dtype, tokens, hidden, one_pass, rounds):
         timers[name] = graph_timer(lambda f=launch, y=y: f(x, w, y), tokens, hidden)
     times = interleaved_rounds(timers, rounds)
     for name, per_round in times.items():
-        to_copy, to_compile = (median_ratio(per_round, times[base]) for base in ("copy_", "torch.compile"))
-        print(f"| {dtype} | {tokens}x{hidden} | {name} | {statistics.median(per_round):.2f} | {to_copy:.3f} "
-              f"| {to_compile:.3f} |", flush=True)
+        to_copy, to_compile = (median_ratio(per_round, times[base])
+                               for base in ("copy_", "torch.compile"))
+        print(f"| {dtype} | {tokens}x{hidden} | {name} | {statistics.median(per_round):.2f} | "
+              f"{to_copy:.3f} | {to_compile:.3f} |", flush=True)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", required=True, metavar="NxH,...", help="the shapes to time")
     parser.add_argument("--dtypes", default="float16", metavar="D,...",
                         help=f"comma-separated, from {', '.join(DTYPE_NAMES)} (default float16)")
-    parser.add_argument("--one-pass", action="store_true", help="also time a one-pass Triton kernel per hint")
+    parser.add_argument("--one-pass", action="store_true",
+                        help="also time a one-pass Triton kernel per hint")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     shapes = parse_shapes(args.shapes)
     if shapes is None:
-        parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, e.g. 16384x12288")
+        parser.error(f"--shapes {args.shapes!r}: expected comma-separated TOKENSxHIDDEN, "
+                     "e.g. 16384x12288")
     dtypes = parse_list(parser, "--dtypes", args.dtypes, DTYPE_NAMES)
-    print(f"| dtype | tokens x hidden | implementation | us | / copy_ | / torch.compile (median of {args.rounds} "
-          "rounds) |\n|---|---|---|---|---|---|")
+    print(f"| dtype | tokens x hidden | implementation | us | / copy_ | / torch.compile (median of "
+          f"{args.rounds} rounds) |\n|---|---|---|---|---|---|")
     for dtype in dtypes:
         for tokens, hidden in shapes:
             time_shape(dtype, tokens, hidden, args.one_pass, args.rounds)

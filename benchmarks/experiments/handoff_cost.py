@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from bench_rms_norm import standin_plugin_args  # noqa: E402
 from support import trt_standin  # noqa: E402
-from support.sample_loader import load_sample  # noqa: E402
+from support.sample_loader import load_fused, load_sample  # noqa: E402
 
 TOKENS, HIDDEN, EPS = 128, 1024, 1e-5
 
@@ -44,13 +44,16 @@ def us(t0):
 
 
 def main():
-    s = load_sample(trt_standin, "handoff_cost_sample")
+    s = load_sample(trt_standin, "handoff_cost_lesson")
+    fused = load_fused(trt_standin, "handoff_cost_fused", s)
     from_dlpack = s.from_dlpack
-    buffers = [(torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.float16), torch.rand(HIDDEN, device="cuda"),
-                torch.empty(TOKENS, HIDDEN, device="cuda", dtype=torch.float16)) for _ in range(150)]
+    buffers = [(torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.float16),
+                torch.rand(HIDDEN, device="cuda"),
+                torch.empty(TOKENS, HIDDEN, device="cuda", dtype=torch.float16))
+               for _ in range(150)]
     stream = torch.cuda.Stream()
     cu_stream = s.cuda.CUstream(stream.cuda_stream)
-    kernel = s.compile_rms_norm("float16", HIDDEN, EPS)
+    kernel = fused.compile_rms_norm("float16", HIDDEN, EPS)
 
     x, w, y = buffers[0]
     prepared = [from_dlpack(t, assumed_align=16) for t in (x, w, y)]
@@ -63,8 +66,8 @@ def main():
     bare = us(t0) / 3000
     torch.cuda.synchronize()
 
-    names = ("UnownedMemory (new address)", "cupy ndarray", "torch.as_tensor", "from_dlpack", "memref descriptor",
-             "first kernel call with the 3 new tensors", "second kernel call")
+    names = ("UnownedMemory (new address)", "cupy ndarray", "torch.as_tensor", "from_dlpack",
+             "memref descriptor", "first kernel call with the 3 new tensors", "second kernel call")
     hops = {k: [] for k in names}
 
     def time_hops(x, w, y, hops):
@@ -72,7 +75,8 @@ def main():
         memory = cp.cuda.UnownedMemory(x.data_ptr(), x.nbytes, owner=None, device_id=0)
         hops["UnownedMemory (new address)"].append(us(t0))
         t0 = time.perf_counter()
-        array = cp.ndarray((TOKENS, HIDDEN), dtype=np.float16, memptr=cp.cuda.MemoryPointer(memory, 0))
+        array = cp.ndarray((TOKENS, HIDDEN), dtype=np.float16,
+                           memptr=cp.cuda.MemoryPointer(memory, 0))
         hops["cupy ndarray"].append(us(t0))
         t0 = time.perf_counter()
         view = torch.as_tensor(array, device="cuda:0")
@@ -97,15 +101,17 @@ def main():
     torch.cuda.synchronize()
 
     fields, in_desc, out_desc = standin_plugin_args(TOKENS, HIDDEN, EPS)
-    creator = s.RmsNormPluginCreator()
+    creator = fused.FusedRmsNormPluginCreator()
 
     def new_plugin():
-        plugin = creator.create_plugin("rms_norm", fields, trt_standin.TensorRTPhase.RUNTIME).attach_to_context(None)
+        plugin = creator.create_plugin("rms_norm", fields, trt_standin.TensorRTPhase.RUNTIME)
+        plugin = plugin.attach_to_context(None)
         plugin.on_shape_change(in_desc, out_desc)
         return plugin
 
     def enqueue(plugin, x, w, y):
-        plugin.enqueue(in_desc, out_desc, [x.data_ptr(), w.data_ptr()], [y.data_ptr()], 0, stream.cuda_stream)
+        plugin.enqueue(in_desc, out_desc, [x.data_ptr(), w.data_ptr()], [y.data_ptr()], 0,
+                       stream.cuda_stream)
 
     first, second = [], []
     for x, w, y in buffers[31:60]:
@@ -159,7 +165,8 @@ def main():
         print(f"{name}: {statistics.median(values):.1f}")
     print(f"plugin enqueue, first (new plugin, new addresses): {statistics.median(first):.1f}")
     print(f"plugin enqueue, second (cached handoff): {statistics.median(second):.1f}")
-    print("# cold: right after 3000 steady enqueues of another plugin (as bench_rms_norm.py measures)")
+    print("# cold: right after 3000 steady enqueues of another plugin "
+          "(as bench_rms_norm.py measures)")
     for name, values in cold_hops.items():
         print(f"cold {name}: {statistics.median(values):.1f}")
     for label, value in cold.items():
