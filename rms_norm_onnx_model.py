@@ -29,11 +29,13 @@ What you will learn
 What it runs on
 ---------------
 The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
-onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
-comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10 or
+onnxscript besides the lesson's packages: no GPU, no TensorRT. Building and
+comparing need what the lesson needs (an NVIDIA GPU of SM80+, TensorRT 10 or
 11); TensorRT's own import of ONNX's RMSNormalization, which the one-node
 model and opset-23 exports are compared against, needs TensorRT 10.15+. A
 model with folded FP8 Quantizes needs an SM89+ GPU, as FP8 itself does.
+TensorRT's parser makes the plugin nodes with the creator of
+rms_norm_fused_cutedsl.py, which serves every form they take.
 
 How to run it
 -------------
@@ -57,7 +59,7 @@ import os
 import sys
 import tempfile
 
-EXIT_USAGE = 2  # the sample's code for a usage error, needed before the sample is imported
+EXIT_USAGE = 2  # the lesson's code for a usage error, needed before the lesson is imported
 FLAGS_OF_THE_ONE_NODE_MODEL = ("hidden_dim", "dtype", "weight_dtype", "epsilon")
 FLAGS_OF_A_MODEL = ("output", "report_only", "min_shapes", "opt_shapes", "max_shapes")
 
@@ -149,7 +151,11 @@ if __name__ == "__main__":
     ARGS = parse_args()  # before the heavy imports: --help and flag errors must not wait for torch
 
 try:
-    import rms_norm_plugin_cutedsl as sample  # first: its ImportError names a missing package of its set
+    # The lesson first: its ImportError names a missing package of its set in one sentence. The
+    # plugin nodes this file writes take the fused forms' fields, which the fused companion's
+    # creator serves, and its FP8 rounding checks them.
+    import rms_norm_plugin_cutedsl as lesson
+    import rms_norm_fused_cutedsl as fused
 
     import numpy as np
     import onnx
@@ -163,14 +169,14 @@ except ImportError as exc:
         message = (f"the Python package {module.replace('_', '-')} is not installed; install the ONNX "
                    "packages with `pip install onnx onnx-ir onnxscript`")
     else:
-        message = str(exc)  # the sample's sentence
+        message = str(exc)  # the lesson's sentence
     if __name__ == "__main__":
         print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     raise ImportError(message, name=exc.name) from exc
 
-# ONNX element type (as onnx-ir names it) -> the sample's dtype name.
-DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
+# ONNX element type (as onnx-ir names it) -> the lesson's dtype name.
+DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in lesson.DTYPES.items()}
 # The plugin node's attribute that selects its fused form: 1 takes [X, R, W], writes [Y, S = X + R].
 RESIDUAL_ATTRIBUTE = "residual"
 # Its FP8 form: quantize=1 writes Y as FLOAT8E4M3FN, y / y_scale rounded to nearest even, saturated.
@@ -208,15 +214,15 @@ def declare_schemas():
     schemas = [("SimplifiedLayerNormalization", [parameter("X", "T"), parameter("scale", "V")],
                 [parameter("Y", "V"), parameter("inv_std_var", "U", "Optional")],
                 [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
-               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
+               (lesson.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
                 [parameter("Y", "Q"), parameter("S", "T", "Optional")],
-                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
+                [attribute("epsilon", lesson.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
                  attribute(QUANTIZE_ATTRIBUTE, 0),
                  # no default: y_scale is absent unless quantize is 1
                  onnx.defs.OpSchema.Attribute(Y_SCALE_ATTRIBUTE, onnx.defs.OpSchema.AttrType.FLOAT,
                                               "", required=False),
-                 attribute("plugin_version", sample.PLUGIN_VERSION),
-                 attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
+                 attribute("plugin_version", lesson.PLUGIN_VERSION),
+                 attribute("plugin_namespace", lesson.PLUGIN_NAMESPACE)])]
     for name, inputs, outputs, attributes in schemas:
         if not onnx.defs.has(name):
             onnx.defs.register_schema(onnx.defs.OpSchema(
@@ -233,7 +239,7 @@ def load_model(path: str) -> ir.Model:
         model = ir.load(path)
     except Exception as exc:  # protobuf's DecodeError, the checker's ValidationError, OSError, ...
         detail = " ".join(str(exc).split())[:200]
-        raise sample.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
+        raise lesson.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
     # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it fills in
     # what the exporter left untyped and does not fail on ops it has no rule for, or on an exporter's
     # type annotation it disagrees with.
@@ -386,15 +392,15 @@ class PluginRule(pattern.RewriteRuleClassBase):
         cast = "absorbed" if self.cast_back and dtype != scale_dtype else (
             "appended" if dtype != scale_dtype else "")
         self.found["left"].pop(name, None)
-        self.pending = Replaced(name, self.name, (), scale.name, "", sample.validate_epsilon(epsilon), dtype,
+        self.pending = Replaced(name, self.name, (), scale.name, "", lesson.validate_epsilon(epsilon), dtype,
                                 scale_dtype, cast)
         return pattern.MatchResult()
 
     def rewrite(self, op, x, skip, scale, norm, out=None, total=None, **_):
         node, replaced = norm.producer(), self.pending
         plugin = dict(_name=replaced.name, epsilon=replaced.epsilon,
-                      plugin_version=sample.PLUGIN_VERSION,
-                      plugin_namespace=sample.PLUGIN_NAMESPACE)
+                      plugin_version=lesson.PLUGIN_VERSION,
+                      plugin_namespace=lesson.PLUGIN_NAMESPACE)
         parts, r, record = (x,), None, {}
         if self.form in SKIP_FORMS:
             bias = node.inputs[3] if len(node.inputs) > 3 else None  # the optional fourth input
@@ -495,18 +501,18 @@ def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
     hidden = shape[-1]
     if not isinstance(hidden, int):
         return "the last dimension of X is dynamic; the plugin compiles it into the kernel"
-    if not 1 <= hidden <= sample.MAX_HIDDEN:
-        return f"the last dimension of X is {hidden}, outside [1, {sample.MAX_HIDDEN}]"
+    if not 1 <= hidden <= lesson.MAX_HIDDEN:
+        return f"the last dimension of X is {hidden}, outside [1, {lesson.MAX_HIDDEN}]"
     if scale.shape is None or list(scale.shape) != [hidden]:
         return f"scale must be 1-D of length {hidden}, got shape {None if scale.shape is None else list(scale.shape)}"
     dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
-    if dtype not in sample.ACTIVATION_DTYPES or scale_dtype not in sample.WEIGHT_DTYPES:
-        return f"X is {dtype} and scale {scale_dtype}; the plugin takes X of {list(sample.ACTIVATION_DTYPES)} " \
-               f"and scale of {list(sample.WEIGHT_DTYPES)}"
+    if dtype not in lesson.ACTIVATION_DTYPES or scale_dtype not in lesson.WEIGHT_DTYPES:
+        return f"X is {dtype} and scale {scale_dtype}; the plugin takes X of {list(lesson.ACTIVATION_DTYPES)} " \
+               f"and scale of {list(lesson.WEIGHT_DTYPES)}"
     if epsilon is None:
         return "its epsilon is not one constant"
     try:
-        sample.validate_epsilon(epsilon)
+        lesson.validate_epsilon(epsilon)
     except ValueError:
         return f"epsilon {epsilon:g} is not finite and > 0 in float32, as the plugin requires"
     return None
@@ -552,7 +558,7 @@ def fuse_residual_adds(found: dict):
         total, graph = add.outputs[0], node.graph
         cast = node.inputs[0].producer() if node.inputs[0] is not total else None
         attributes = {name: attribute.value for name, attribute in node.attributes.items()}
-        fused = ir.node(sample.PLUGIN_NAME, [*add.inputs, node.inputs[1]],
+        fused = ir.node(lesson.PLUGIN_NAME, [*add.inputs, node.inputs[1]],
                         {**attributes, RESIDUAL_ATTRIBUTE: 1}, num_outputs=2, name=node.name)
         found["replaced"][k] = dataclasses.replace(
             record, x=tuple(v.name for v in add.inputs), sum=total.name,
@@ -628,7 +634,7 @@ def why_not_folded(y: ir.Value, quantize: ir.Node) -> str | None:
     if quantize.attributes.get_int("saturate", 1) != 1:
         return "it has saturate=0 (out-of-range values become NaN); the plugin saturates at 448"
     try:
-        sample.validate_y_scale(float(scale.ravel()[0]))
+        fused.validate_y_scale(float(scale.ravel()[0]))
     except ValueError:
         return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the " \
                "plugin requires"
@@ -647,9 +653,9 @@ def fold_quantizes(found: dict):
         if why:
             found["left"][name] = f"a QuantizeLinear after {record.name}, not folded: {why}"
             continue
-        y_scale = sample.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
+        y_scale = fused.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
         attributes = {key: attribute.value for key, attribute in node.attributes.items()}
-        folded = ir.node(sample.PLUGIN_NAME, list(node.inputs),
+        folded = ir.node(lesson.PLUGIN_NAME, list(node.inputs),
                          {**attributes, QUANTIZE_ATTRIBUTE: 1, Y_SCALE_ATTRIBUTE: y_scale},
                          num_outputs=len(node.outputs), name=node.name)
         old = [quantize.outputs[0], *node.outputs[1:]]  # Y takes the Quantize's output and name
@@ -705,7 +711,7 @@ def print_report(replaced: list, left: dict):
     groups = (("Fused with their residual Add into", [r for r in replaced if r.fused]),
               ("Replaced alone by", [r for r in replaced if not r.fused]))
     for heading, nodes in groups:
-        print(f"{heading} {sample.PLUGIN_NAME} ({len(nodes)}):")
+        print(f"{heading} {lesson.PLUGIN_NAME} ({len(nodes)}):")
         for node in nodes:
             cast = {"absorbed": ", absorbing the Cast back",  # (a folded node has no appended Cast)
                     "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
@@ -728,14 +734,14 @@ def save_model(model: ir.Model, path: str):
     folder = os.path.dirname(os.path.abspath(path))
     elsewhere = external_data_dirs(model) - {folder}
     if elsewhere:
-        raise sample.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
+        raise lesson.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
                                 "data, which the rewritten model refers to")
     temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
         ir.save(model, temporary)
         os.replace(temporary, path)
     except OSError as exc:
-        raise sample.UsageError(f"cannot write -o '{path}' ({exc.strerror})") from None
+        raise lesson.UsageError(f"cannot write -o '{path}' ({exc.strerror})") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
@@ -759,33 +765,33 @@ def input_profile(model: ir.Model, args) -> dict:
     inputs = {v.name: v for v in model_inputs(model)}
     unknown = sorted(set(named["min"]) - set(inputs))
     if unknown:
-        raise sample.UsageError(f"the model has no input '{unknown[0]}' (its inputs: {', '.join(inputs)})")
+        raise lesson.UsageError(f"the model has no input '{unknown[0]}' (its inputs: {', '.join(inputs)})")
     sizes = {}  # dimension name -> (min, opt, max), from the named inputs
     for name in named["min"]:
         dims = list(inputs[name].shape or [])
         given = [named[p][name] for p in ("min", "opt", "max")]
         if any(len(shape) != len(dims) for shape in given):
-            raise sample.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given for it are "
+            raise lesson.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given for it are "
                                     + ", ".join("x".join(map(str, s)) for s in given))
         for axis, dim in enumerate(dims):
             values = tuple(shape[axis] for shape in given)
             if isinstance(dim, int) and values != (dim,) * 3:
-                raise sample.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
+                raise lesson.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
             if not values[0] <= values[1] <= values[2]:
-                raise sample.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= max, got {values}")
+                raise lesson.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= max, got {values}")
             key = dim.value if not isinstance(dim, int) and dim.value else f"{name}[{axis}]"
             if sizes.setdefault(key, values) != values:
-                raise sample.UsageError(f"dimension '{key}' is {sizes[key]} in one input and {values} in '{name}'")
+                raise lesson.UsageError(f"dimension '{key}' is {sizes[key]} in one input and {values} in '{name}'")
     tokens, token_dimension, profile = (args.min_tokens, args.opt_tokens, args.max_tokens), None, {}
     for name, value in inputs.items():
         if value.shape is None or value.dtype is None:
-            raise sample.UsageError(f"model input '{name}' needs a known shape and dtype")
+            raise lesson.UsageError(f"model input '{name}' needs a known shape and dtype")
         dims = []
         for axis, dim in enumerate(value.shape):
             key = dim if isinstance(dim, int) else dim.value or f"{name}[{axis}]"
             if not isinstance(key, int) and key not in sizes:
                 if token_dimension is not None:
-                    raise sample.UsageError(
+                    raise lesson.UsageError(
                         f"input '{name}' dimension '{key}' is a second dynamic dimension besides "
                         f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the inputs' shapes "
                         "with --min-shapes, --opt-shapes and --max-shapes")
@@ -812,11 +818,11 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
     for value in model_inputs(model):
         name, shape = value.name, shapes[value.name]
         if value.dtype in DTYPE_NAMES:
-            dtype = getattr(torch, sample.DTYPES[DTYPE_NAMES[value.dtype]].torch)
+            dtype = getattr(torch, lesson.DTYPES[DTYPE_NAMES[value.dtype]].torch)
             values[name] = torch.randn(shape, generator=gen).to(dtype)
             continue
         if value.dtype not in INTEGER_DTYPES:
-            raise sample.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
                                     "float32 and integer inputs")
         dtype = INTEGER_DTYPES[value.dtype]
         tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
@@ -828,7 +834,7 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
         elif tables and tables[0] is not None and isinstance(tables[0][0], int):
             values[name] = torch.randint(0, tables[0][0], shape, generator=gen).to(dtype)
         else:
-            raise sample.UsageError(f"model input '{name}' is {value.dtype} but neither token ids (a Gather's "
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype} but neither token ids (a Gather's "
                                     "indices), a mask nor positions, so the comparison cannot choose its values")
     return values
 
@@ -860,12 +866,12 @@ def build_engine(path: str, watched: list, profile: dict):
     """Parse the model at `path`, also mark `watched` as outputs, and build it for `profile`."""
     from polygraphy.backend.trt import modify_network_outputs, network_from_onnx_path
 
-    sample.register_creator()  # the parser looks an op type it does not know up in the registry
-    with sample.tensorrt_stage("ONNX parse"):
+    fused.register_creator()  # the parser looks an op type it does not know up in the registry
+    with lesson.tensorrt_stage("ONNX parse"):
         builder, network, parser = network_from_onnx_path(path, strongly_typed=True)
         outputs = [network.get_output(i).name for i in range(network.num_outputs)]
         network = modify_network_outputs((builder, network, parser), outputs=list(dict.fromkeys(outputs + watched)))
-    return sample.build_from_network(network, profile)
+    return lesson.build_from_network(network, profile)
 
 
 # %% [7] Run and compare --------------------------------------------------------
@@ -892,13 +898,13 @@ def build_engine(path: str, watched: list, profile: dict):
 # up to 2u on either side.
 
 FP32_NOISE = 2.0 ** -18
-TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in sample.DTYPES.values()},
+TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in lesson.DTYPES.values()},
                 "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}  # TensorRT's name -> torch's
 
 
 def rounding_error(dtype: str) -> float:
     """u: the largest relative error of one rounding to `dtype`, 2^-(fraction bits + 1)."""
-    return torch.finfo(getattr(torch, sample.DTYPES[dtype].torch)).eps / 2
+    return torch.finfo(getattr(torch, lesson.DTYPES[dtype].torch)).eps / 2
 
 
 def roundings(node: Replaced):
@@ -925,7 +931,7 @@ def onnx_tolerance(dtypes) -> float:
 
 def side_tolerance(dtypes, magnitude, scale):
     """Largest |one side - exact RMSNorm| where that is `magnitude`, rounding to `dtypes`."""
-    spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in dtypes]
+    spacings = [torch.finfo(getattr(torch, lesson.DTYPES[d].torch)) for d in dtypes]
     subnormal = sum(f.tiny * f.eps / 2 for f in spacings)
     return onnx_tolerance(dtypes) * magnitude + subnormal * (1 + np.abs(scale))
 
@@ -954,10 +960,10 @@ def bind(engine, feeds: dict):
     outputs = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
+        if engine.get_tensor_mode(name) == lesson.trt.TensorIOMode.OUTPUT:
             dtype = TORCH_DTYPES.get(trt_dtype := engine.get_tensor_dtype(name).name)
             if dtype is None:
-                raise sample.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
+                raise lesson.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
                                         f"{', '.join(TORCH_DTYPES)}")
             outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
             if dtype.itemsize == 1 and dtype.is_floating_point:
@@ -974,7 +980,7 @@ def run_engine(engine, feeds: dict) -> dict:
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs were written on torch's stream
     if not context.execute_async_v3(stream.cuda_stream):
-        raise sample.TensorRTError("TensorRT could not run the engine; its log above says why")
+        raise lesson.TensorRTError("TensorRT could not run the engine; its log above says why")
     stream.synchronize()
     return {name: value.double().cpu().numpy() for name, value in outputs.items()}
 
@@ -999,7 +1005,7 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
         return sum(value_of(run, values, part) for part in node.x)
 
     scale = value_of(theirs, values, node.scale)
-    exact_ours, exact_theirs = (sample.rms_norm_reference(x(run), scale, node.epsilon)
+    exact_ours, exact_theirs = (lesson.rms_norm_reference(x(run), scale, node.epsilon)
                                 for run in (ours, theirs))
     a, b = ours[node.y], theirs[node.y]
     if node.quantized:
@@ -1010,8 +1016,8 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
                  for exact, dtypes in zip((exact_ours, exact_theirs), roundings(node))]
         low = np.minimum(*(exact - reach for exact, reach in sides))
         high = np.maximum(*(exact + reach for exact, reach in sides))
-        bound = sample.quantize_reference(high, node.y_scale) \
-            - sample.quantize_reference(low, node.y_scale)
+        bound = fused.quantize_reference(high, node.y_scale) \
+            - fused.quantize_reference(low, node.y_scale)
     else:
         bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
             node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
@@ -1024,7 +1030,7 @@ def check_sum(ours: dict, theirs: dict, values: dict, node: Replaced):
     node.x differ by what earlier nodes carried, and each add errs by u of the parts' sizes."""
     parts = [[value_of(run, values, name) for name in node.x] for run in (ours, theirs)]
     adds = [node.dtype] * (len(node.x) - 1)
-    spacing = torch.finfo(getattr(torch, sample.DTYPES[node.dtype].torch))
+    spacing = torch.finfo(getattr(torch, lesson.DTYPES[node.dtype].torch))
     subnormal = len(adds) * spacing.tiny * spacing.eps / 2  # half the subnormal spacing per add
     bound = np.abs(sum(parts[0]) - sum(parts[1])) + sum(
         onnx_tolerance(adds) * sum(np.abs(part) for part in side) + subnormal for side in parts)
@@ -1070,8 +1076,8 @@ def verdict(ratios: list) -> str:
 def one_node_model(args) -> ir.Model:
     """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to X's dtype
     where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin absorbs it."""
-    dtype, w_dtype = (ir.DataType[sample.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
-    _, weights = sample.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
+    dtype, w_dtype = (ir.DataType[lesson.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
+    _, weights = lesson.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
     x = ir.Value(name="X", type=ir.TensorType(dtype), shape=ir.Shape(["num_tokens", args.hidden_dim]))
     scale = ir.Value(name="W", type=ir.TensorType(w_dtype), shape=ir.Shape([args.hidden_dim]),
                      const_value=ir.tensor(weights, dtype=w_dtype, name="W"))
@@ -1094,9 +1100,9 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
         inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, (seed + k) % 2**64)
                   for k in range(3)]
     except (MemoryError, RuntimeError) as exc:  # torch's allocation failure is a RuntimeError
-        raise sample.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
+        raise lesson.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
                                 f"({' '.join(str(exc).split())[:120]})") from None
-    sample.check_environment()
+    lesson.check_environment()
     watched = list(dict.fromkeys(
         t for node in replaced for t in (*node.x, node.scale, node.y, node.sum)
         if t and t not in original.graph.initializers and t not in profile))
@@ -1107,7 +1113,7 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
     correct, ratios = True, []
     for point, host in zip(("min", "opt", "max"), inputs):
         feeds = {name: value.cuda() for name, value in host.items()}
-        with sample.tensorrt_stage("execution context"):
+        with lesson.tensorrt_stage("execution context"):
             ours, theirs = (run_engine(engine, feeds) for engine in engines)
             times = [time_engine(engine, feeds) for engine in engines]
         values = {**weights, **{name: v.double().numpy() for name, v in host.items()}}
@@ -1129,16 +1135,16 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
 
 
 def check_flag_values(args):
-    """UsageError unless each flag this script shares with the sample is in the sample's range."""
-    for flag, _, lowest, highest, _ in sample.INT_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"), None)  # --num-tokens is the sample's alone
+    """UsageError unless each flag this script shares with the lesson is in the lesson's range."""
+    for flag, _, lowest, highest, _ in lesson.INT_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)  # --num-tokens is the lesson's alone
         if value is not None and not lowest <= value <= highest:
-            raise sample.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
+            raise lesson.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
     if args.epsilon is not None:
         try:
-            sample.validate_epsilon(args.epsilon)
+            lesson.validate_epsilon(args.epsilon)
         except ValueError:
-            raise sample.UsageError(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}") from None
+            raise lesson.UsageError(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}") from None
 
 
 def main(args) -> int:
@@ -1157,16 +1163,16 @@ def main(args) -> int:
                 save_model(rewritten, args.output)
                 print(f"Wrote the rewritten model to {args.output}")
             if args.report_only:
-                return sample.EXIT_CORRECT
+                return lesson.EXIT_CORRECT
             if not replaced:
-                raise sample.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing would be compared")
+                raise lesson.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing would be compared")
             profile = input_profile(original, args)
             correct = compare(path, rewritten, original, replaced, profile, args.seed)
-    except (sample.UsageError, sample.TensorRTError) as exc:
+    except (lesson.UsageError, lesson.TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return sample.EXIT_USAGE
+        return lesson.EXIT_USAGE
     print("Inference result correct!" if correct else "Inference result incorrect!")
-    return sample.EXIT_CORRECT if correct else sample.EXIT_INCORRECT
+    return lesson.EXIT_CORRECT if correct else lesson.EXIT_INCORRECT
 
 
 if __name__ == "__main__":
