@@ -39,10 +39,12 @@ rms_norm_fused_cutedsl.py, which serves every form they take.
 
 How to run it
 -------------
-    python3 rms_norm_onnx_model.py                        # one RMSNormalization node: plugin vs TensorRT, timed
+    python3 rms_norm_onnx_model.py     # one RMSNormalization node: plugin vs TensorRT, timed
     python3 rms_norm_onnx_model.py model.onnx --report-only -o model_rmsnorm.onnx
-    python3 rms_norm_onnx_model.py model.onnx --min-shapes input_ids:1x1,attention_mask:1x1 \\
-        --opt-shapes input_ids:1x128,attention_mask:1x128 --max-shapes input_ids:4x512,attention_mask:4x512
+    python3 rms_norm_onnx_model.py model.onnx \\
+        --min-shapes input_ids:1x1,attention_mask:1x1 \\
+        --opt-shapes input_ids:1x128,attention_mask:1x128 \\
+        --max-shapes input_ids:4x512,attention_mask:4x512
 
 Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not,
 2 usage or environment error (one sentence on stderr).
@@ -85,37 +87,46 @@ def parse_shapes(text: str) -> dict:
         except ValueError:
             shape = None
         if not colon or not name or shape is None or any(d < 0 for d in shape):
-            raise argparse.ArgumentTypeError(f"'{item}' is not NAME:DIMxDIM... (e.g. input_ids:1x128)")
+            raise argparse.ArgumentTypeError(f"'{item}' is not NAME:DIMxDIM... "
+                                             "(e.g. input_ids:1x128)")
         shapes[name] = shape
     return shapes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = _ArgumentParser(
-        description="Replace the RMSNorms of an ONNX model by RmsNormPlugin, print which and why not, and "
-                    "compare the rewritten model with TensorRT's import of the original. Without MODEL.onnx: "
-                    "a one-node RMSNormalization model.",
+        description="Replace the RMSNorms of an ONNX model by RmsNormPlugin, print which and why "
+                    "not, and compare the rewritten model with TensorRT's import of the original. "
+                    "Without MODEL.onnx: a one-node RMSNormalization model.",
         epilog="The report comes first and needs no GPU; --report-only stops there. "
-               "Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not, 2 usage or "
-               "environment error.")
-    parser.add_argument("model", nargs="?", metavar="MODEL.onnx", help="the model (its external data beside it)")
+               "Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not, "
+               "2 usage or environment error.")
+    parser.add_argument("model", nargs="?", metavar="MODEL.onnx",
+                        help="the model (its external data beside it)")
     parser.add_argument("-o", "--output", metavar="OUT.onnx",
-                        help="write the rewritten model there (in MODEL's directory if it has external data)")
+                        help="write the rewritten model there (in MODEL's directory if it has "
+                             "external data)")
     parser.add_argument("--report-only", action="store_true",
-                        help="print the per-node report (and write -o), build nothing: no GPU or TensorRT needed")
+                        help="print the per-node report (and write -o), build nothing: no GPU or "
+                             "TensorRT needed")
     for point in ("min", "opt", "max"):
-        parser.add_argument(f"--{point}-shapes", f"--{point}Shapes", type=parse_shapes, metavar="NAME:DxD,...",
-                            help=f"the profile's {point} shape of each named input, as trtexec's --{point}Shapes")
-    parser.add_argument("--min-tokens", type=int, default=1, help="the one dynamic dimension's minimum (default 1)")
+        parser.add_argument(f"--{point}-shapes", f"--{point}Shapes", type=parse_shapes,
+                            metavar="NAME:DxD,...",
+                            help=f"the profile's {point} shape of each named input, as trtexec's "
+                                 f"--{point}Shapes")
+    parser.add_argument("--min-tokens", type=int, default=1,
+                        help="the one dynamic dimension's minimum (default 1)")
     parser.add_argument("--opt-tokens", type=int, default=128, help="its optimum (default 128)")
     parser.add_argument("--max-tokens", type=int, default=512, help="its maximum (default 512)")
     one_node = parser.add_argument_group("the one-node model (no MODEL.onnx)")
     one_node.add_argument("--hidden-dim", type=int, help="hidden size (default 1024)")
-    one_node.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="X dtype (default float16)")
+    one_node.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                          help="X dtype (default float16)")
     one_node.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"),
                           help="scale dtype (default float32)")
     one_node.add_argument("--epsilon", type=float, help="default 1e-5")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for the random inputs (default 0)")
     args = parser.parse_args(argv)
 
     # Flags that describe the other kind of run are refused, not ignored.
@@ -123,8 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in misplaced:
         if (value := getattr(args, name)) is not None and value is not False:  # 0 is a value given
             flag = "-o" if name == "output" else "--" + name.replace("_", "-")
-            parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx" if args.model else
-                         f"{flag} applies to MODEL.onnx, which was not given")
+            if args.model:
+                parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx")
+            parser.error(f"{flag} applies to MODEL.onnx, which was not given")
     if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
         parser.error(f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, got "
                      f"{args.min_tokens}, {args.opt_tokens}, {args.max_tokens}")
@@ -166,8 +178,8 @@ try:
 except ImportError as exc:
     module = (exc.name or "").partition(".")[0]
     if module in ("onnx", "onnx_ir", "onnxscript"):
-        message = (f"the Python package {module.replace('_', '-')} is not installed; install the ONNX "
-                   "packages with `pip install onnx onnx-ir onnxscript`")
+        message = (f"the Python package {module.replace('_', '-')} is not installed; install "
+                   "the ONNX packages with `pip install onnx onnx-ir onnxscript`")
     else:
         message = str(exc)  # the lesson's sentence
     if __name__ == "__main__":
@@ -195,7 +207,8 @@ QUANTIZE_ATTRIBUTE, Y_SCALE_ATTRIBUTE = "quantize", "y_scale"
 
 
 def declare_schemas():
-    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the plugin's op."""
+    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the
+    plugin's op."""
     def parameter(name, dtypes, option="Single"):
         option = getattr(onnx.defs.OpSchema.FormalParameterOption, option)
         # A variadic list may mix dtypes (R has X's, W its own), so it is declared heterogeneous.
@@ -240,16 +253,17 @@ def load_model(path: str) -> ir.Model:
     except Exception as exc:  # protobuf's DecodeError, the checker's ValidationError, OSError, ...
         detail = " ".join(str(exc).split())[:200]
         raise lesson.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
-    # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it fills in
-    # what the exporter left untyped and does not fail on ops it has no rule for, or on an exporter's
-    # type annotation it disagrees with.
+    # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it
+    # fills in what the exporter left untyped and does not fail on ops it has no rule for, or on
+    # an exporter's type annotation it disagrees with.
     ShapeInferencePass(strict_mode=False, check_type=False)(model)
     return model
 
 
 def external_data_dirs(model: ir.Model) -> set:
     """The directories whose files hold the model's external weights."""
-    return {os.path.abspath(value.const_value.base_dir) for value in model.graph.initializers.values()
+    return {os.path.abspath(value.const_value.base_dir)
+            for value in model.graph.initializers.values()
             if isinstance(value.const_value, ir.ExternalTensor)}
 
 
@@ -277,7 +291,8 @@ def external_data_dirs(model: ir.Model) -> set:
 
 @dataclasses.dataclass(frozen=True)
 class Replaced:
-    """One RMSNorm now computed by the plugin: where it reads and writes, and how each side rounds."""
+    """One RMSNorm now computed by the plugin: where it reads and writes, and how each side
+    rounds."""
 
     name: str
     form: str
@@ -287,7 +302,8 @@ class Replaced:
     epsilon: float
     dtype: str         # X's, and the plugin's Y
     scale_dtype: str
-    cast: str          # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
+    # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
+    cast: str
     fused: str = ""    # the fused form: what it adds, for the report; "" where the node is alone
     alone: str = ""    # why the node is alone: its X is no Add of two like activations
     sum: str = ""      # S as the original names it, compared too; "" where it has no such tensor
@@ -306,41 +322,49 @@ def simplified_layer_normalization(op, x, skip, scale, epsilon):
 
 
 def decomposed(op, stats, scale, epsilon):
-    """The chain torch writes below opset 23 from `stats`: Pow or x*x, the mean, Reciprocal(Sqrt) or Div by it,
-    an optional Cast, the weight (Gemma's 1 + w, folded or not, is a weight like any other)."""
-    # (Each backtracking alternative carries a tag_var, which onnxscript 0.7's commute() needs to copy it.)
+    """The chain torch writes below opset 23 from `stats`: Pow or x*x, the mean, Reciprocal(Sqrt)
+    or Div by it, an optional Cast, the weight (Gemma's 1 + w, folded or not, is a weight like any
+    other)."""
+    # (Each backtracking alternative carries a tag_var, which onnxscript 0.7's commute() needs to
+    # copy it.)
     square = pattern.OrValue([op.Pow(stats, 2.0), op.Mul(stats, stats)])
-    rms = op.Sqrt(op.Add(op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"]), epsilon))
-    normalized = pattern.OrValue([op.Mul(stats, op.Reciprocal(rms)), op.Mul(stats, op.Div(1.0, rms)),
+    mean = op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"])
+    rms = op.Sqrt(op.Add(mean, epsilon))
+    normalized = pattern.OrValue([op.Mul(stats, op.Reciprocal(rms)),
+                                  op.Mul(stats, op.Div(1.0, rms)),
                                   op.Div(stats, rms)], tag_var="divide")
-    return op.Mul(pattern.OrValue([op.Cast(normalized), normalized], tag_var="cast_normalized"), scale,
-                  _outputs=["norm"])
+    cast = pattern.OrValue([op.Cast(normalized), normalized], tag_var="cast_normalized")
+    return op.Mul(cast, scale, _outputs=["norm"])
 
 
 def decomposed_after_cast(op, x, skip, scale, epsilon):
-    """The chain on X cast to FP32 first, as transformers' RMSNorms do: the plugin takes X before the Cast."""
+    """The chain on X cast to FP32 first, as transformers' RMSNorms do: the plugin takes X before
+    the Cast."""
     return decomposed(op, op.Cast(x, _outputs=["stats"]), scale, epsilon)
 
 
 def decomposed_in_x_dtype(op, x, skip, scale, epsilon):
-    """The chain on X itself: an FP32 X, or a Cast whose output something else uses too (it stays)."""
+    """The chain on X itself: an FP32 X, or a Cast whose output something else uses too (it
+    stays)."""
     return decomposed(op, x, scale, epsilon)
 
 
 def skip_simplified_layer_normalization(op, x, skip, scale, epsilon):
     """onnxruntime-genai's residual add and RMSNorm in one op; the last one writes only the norm."""
-    return op.SkipSimplifiedLayerNormalization(x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True,
-                                               _outputs=["norm"])
+    return op.SkipSimplifiedLayerNormalization(x, skip, scale, _domain="com.microsoft",
+                                               _allow_other_inputs=True, _outputs=["norm"])
 
 
 def skip_simplified_layer_normalization_and_sum(op, x, skip, scale, epsilon):
     """The same op also writing the sum (its fourth output), the next layer's residual."""
     norm, _, _, total = op.SkipSimplifiedLayerNormalization(
-        x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True, _outputs=["norm", None, None, "total"])
+        x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True,
+        _outputs=["norm", None, None, "total"])
     return norm, total
 
 
-FORMS = (rms_normalization, simplified_layer_normalization, decomposed_after_cast, decomposed_in_x_dtype)
+FORMS = (rms_normalization, simplified_layer_normalization, decomposed_after_cast,
+         decomposed_in_x_dtype)
 SKIP_FORMS = (skip_simplified_layer_normalization, skip_simplified_layer_normalization_and_sum)
 DEFAULT_EPSILONS = {"RMSNormalization": 1e-5, "SimplifiedLayerNormalization": 1e-5,
                     "SkipSimplifiedLayerNormalization": 1e-12}  # ONNX's and onnxruntime's defaults
@@ -358,7 +382,8 @@ def constant(value):
 
 
 class PluginRule(pattern.RewriteRuleClassBase):
-    """One form, optionally followed by a Cast back to X's dtype, rewritten to an RmsNormPlugin node."""
+    """One form, optionally followed by a Cast back to X's dtype, rewritten to an RmsNormPlugin
+    node."""
 
     def __init__(self, form, cast_back: bool, found: dict):
         super().__init__(form.__name__ + (" + Cast" if cast_back else ""))
@@ -372,11 +397,15 @@ class PluginRule(pattern.RewriteRuleClassBase):
         node = norm.producer()
         dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
         if self.cast_back and DTYPE_NAMES.get(ir.DataType(to.as_int())) != dtype:
-            return pattern.MatchResult().fail("not a Cast back to X's dtype")  # the plain form decides
-        used = [k for k, v in enumerate(node.outputs) if k and v is not None and (v.uses() or v.is_graph_output())]
-        if self.form in SKIP_FORMS and (3 in used) != (self.form is skip_simplified_layer_normalization_and_sum):
-            return pattern.MatchResult().fail("the other skip form writes the sum")  # (onnxscript 0.7 matches
-            # a pattern of four outputs on a node of one, and one output on a node whose others are used)
+            # The plain form decides.
+            return pattern.MatchResult().fail("not a Cast back to X's dtype")
+        used = [k for k, v in enumerate(node.outputs)
+                if k and v is not None and (v.uses() or v.is_graph_output())]
+        writes_sum = self.form is skip_simplified_layer_normalization_and_sum
+        if self.form in SKIP_FORMS and (3 in used) != writes_sum:
+            # onnxscript 0.7 matches a pattern of four outputs on a node of one, and one output on
+            # a node whose others are used.
+            return pattern.MatchResult().fail("the other skip form writes the sum")
         if node.op_type in NORM_OPS:
             epsilon = node.attributes.get_float("epsilon", DEFAULT_EPSILONS[node.op_type])
         else:  # the decomposed chain: its constant
@@ -387,13 +416,14 @@ class PluginRule(pattern.RewriteRuleClassBase):
         name = node_name(node)
         if reason:
             self.found["left"][name] = reason
-            self.found["matched"].update(n.name for n in (node, mean and mean.producer()) if n is not None)
+            matched = (node, mean and mean.producer())
+            self.found["matched"].update(n.name for n in matched if n is not None)
             return pattern.MatchResult().fail(reason)
         cast = "absorbed" if self.cast_back and dtype != scale_dtype else (
             "appended" if dtype != scale_dtype else "")
         self.found["left"].pop(name, None)
-        self.pending = Replaced(name, self.name, (), scale.name, "", lesson.validate_epsilon(epsilon), dtype,
-                                scale_dtype, cast)
+        self.pending = Replaced(name, self.name, (), scale.name, "",
+                                lesson.validate_epsilon(epsilon), dtype, scale_dtype, cast)
         return pattern.MatchResult()
 
     def rewrite(self, op, x, skip, scale, norm, out=None, total=None, **_):
@@ -489,26 +519,31 @@ def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
             return "stash_type is not 1 (FP32); the plugin computes in FP32"
     else:
         reduce = mean.producer()
-        axes = constant(reduce.inputs[1]) if len(reduce.inputs) > 1 else reduce.attributes.get_ints("axes", None)
-        if axes is None or [a % rank if -rank <= a < rank else a for a in np.ravel(axes)] != [rank - 1]:
-            return f"its mean is over axes {None if axes is None else list(np.ravel(axes))}; the plugin " \
-                   "normalizes over the last axis only"
+        if len(reduce.inputs) > 1:
+            axes = constant(reduce.inputs[1])
+        else:
+            axes = reduce.attributes.get_ints("axes", None)
+        listed = None if axes is None else list(np.ravel(axes))
+        if axes is None or [a % rank if -rank <= a < rank else a for a in listed] != [rank - 1]:
+            return (f"its mean is over axes {listed}; the plugin normalizes over the last axis "
+                    "only")
         if reduce.attributes.get_int("keepdims", 1) != 1:
             return "its mean drops the reduced axis (keepdims=0)"
         if stats.dtype != ir.DataType.FLOAT:
-            return f"it computes its statistics in {DTYPE_NAMES.get(stats.dtype, stats.dtype)}; the plugin " \
-                   "computes them in FP32"
+            return (f"it computes its statistics in {DTYPE_NAMES.get(stats.dtype, stats.dtype)}; "
+                    "the plugin computes them in FP32")
     hidden = shape[-1]
     if not isinstance(hidden, int):
         return "the last dimension of X is dynamic; the plugin compiles it into the kernel"
     if not 1 <= hidden <= lesson.MAX_HIDDEN:
         return f"the last dimension of X is {hidden}, outside [1, {lesson.MAX_HIDDEN}]"
     if scale.shape is None or list(scale.shape) != [hidden]:
-        return f"scale must be 1-D of length {hidden}, got shape {None if scale.shape is None else list(scale.shape)}"
+        got = None if scale.shape is None else list(scale.shape)
+        return f"scale must be 1-D of length {hidden}, got shape {got}"
     dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
     if dtype not in lesson.ACTIVATION_DTYPES or scale_dtype not in lesson.WEIGHT_DTYPES:
-        return f"X is {dtype} and scale {scale_dtype}; the plugin takes X of {list(lesson.ACTIVATION_DTYPES)} " \
-               f"and scale of {list(lesson.WEIGHT_DTYPES)}"
+        return (f"X is {dtype} and scale {scale_dtype}; the plugin takes X of "
+                f"{list(lesson.ACTIVATION_DTYPES)} and scale of {list(lesson.WEIGHT_DTYPES)}")
     if epsilon is None:
         return "its epsilon is not one constant"
     try:
@@ -684,21 +719,28 @@ def rewrite_model(model: ir.Model):
     """
     found = {"replaced": [], "nodes": [], "left": {}, "matched": set()}
     for cast_back in (True, False):
-        rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
-        pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
-                               commute=True).apply_to_model(model)
+        forms = FORMS + (SKIP_FORMS if not cast_back else ())
+        rules = [PluginRule(form, cast_back, found) for form in forms]
+        pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name)
+                                for r in rules], commute=True).apply_to_model(model)
     fuse_residual_adds(found)
     fold_quantizes(found)
-    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
-    # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
-    for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
-        square = node.inputs[0].producer() if node.op_type == "ReduceMean" and node.inputs else None
-        is_square = square is not None and (square.op_type == "Pow" and constant(square.inputs[1]) == 2
-                                            or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
+    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of
+    # squares, in the graph, its subgraphs and the model's functions (which apply_to_model rewrites
+    # too).
+    graphs = (model.graph, *model.functions.values())
+    for node in (n for g in graphs for n in ir.traversal.RecursiveGraphIterator(g)):
+        square = None
+        if node.op_type == "ReduceMean" and node.inputs:
+            square = node.inputs[0].producer()
+        is_square = square is not None and (
+            square.op_type == "Pow" and constant(square.inputs[1]) == 2
+            or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
         name = node_name(node)
-        if (node.op_type in NORM_OPS or is_square) and name not in found["left"].keys() | found["matched"]:
-            found["left"][name] = f"a {node.op_type} that matches no form served (or a value inside it is " \
-                                  "also used elsewhere)"
+        seen = found["left"].keys() | found["matched"]
+        if (node.op_type in NORM_OPS or is_square) and name not in seen:
+            found["left"][name] = (f"a {node.op_type} that matches no form served (or a value "
+                                   "inside it is also used elsewhere)")
     return found["replaced"], found["left"]
 
 
@@ -725,7 +767,8 @@ def print_report(replaced: list, left: dict):
 
 
 def save_model(model: ir.Model, path: str):
-    """Write `model` to `path` through a temporary file beside it; external weights stay where they are.
+    """Write `model` to `path` through a temporary file beside it; external weights stay where
+    they are.
 
     The rewritten graph refers to the same external data files by relative
     path, so it is written into their directory; nothing a user saved is left
@@ -734,8 +777,8 @@ def save_model(model: ir.Model, path: str):
     folder = os.path.dirname(os.path.abspath(path))
     elsewhere = external_data_dirs(model) - {folder}
     if elsewhere:
-        raise lesson.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
-                                "data, which the rewritten model refers to")
+        raise lesson.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the "
+                                "model's external data, which the rewritten model refers to")
     temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
         ir.save(model, temporary)
@@ -760,28 +803,33 @@ def model_inputs(model: ir.Model) -> list:
 
 
 def input_profile(model: ir.Model, args) -> dict:
-    """{input name: (min, opt, max) shapes}; UsageError naming a dimension the flags cannot describe."""
+    """{input name: (min, opt, max) shapes}; UsageError naming a dimension the flags cannot
+    describe."""
     named = {p: getattr(args, f"{p}_shapes") or {} for p in ("min", "opt", "max")}
     inputs = {v.name: v for v in model_inputs(model)}
     unknown = sorted(set(named["min"]) - set(inputs))
     if unknown:
-        raise lesson.UsageError(f"the model has no input '{unknown[0]}' (its inputs: {', '.join(inputs)})")
+        raise lesson.UsageError(f"the model has no input '{unknown[0]}' (its inputs: "
+                                f"{', '.join(inputs)})")
     sizes = {}  # dimension name -> (min, opt, max), from the named inputs
     for name in named["min"]:
         dims = list(inputs[name].shape or [])
         given = [named[p][name] for p in ("min", "opt", "max")]
         if any(len(shape) != len(dims) for shape in given):
-            raise lesson.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given for it are "
+            raise lesson.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given "
+                                    "for it are "
                                     + ", ".join("x".join(map(str, s)) for s in given))
         for axis, dim in enumerate(dims):
             values = tuple(shape[axis] for shape in given)
             if isinstance(dim, int) and values != (dim,) * 3:
                 raise lesson.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
             if not values[0] <= values[1] <= values[2]:
-                raise lesson.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= max, got {values}")
+                raise lesson.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= "
+                                        f"max, got {values}")
             key = dim.value if not isinstance(dim, int) and dim.value else f"{name}[{axis}]"
             if sizes.setdefault(key, values) != values:
-                raise lesson.UsageError(f"dimension '{key}' is {sizes[key]} in one input and {values} in '{name}'")
+                raise lesson.UsageError(f"dimension '{key}' is {sizes[key]} in one input and "
+                                        f"{values} in '{name}'")
     tokens, token_dimension, profile = (args.min_tokens, args.opt_tokens, args.max_tokens), None, {}
     for name, value in inputs.items():
         if value.shape is None or value.dtype is None:
@@ -793,8 +841,8 @@ def input_profile(model: ir.Model, args) -> dict:
                 if token_dimension is not None:
                     raise lesson.UsageError(
                         f"input '{name}' dimension '{key}' is a second dynamic dimension besides "
-                        f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the inputs' shapes "
-                        "with --min-shapes, --opt-shapes and --max-shapes")
+                        f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the "
+                        "inputs' shapes with --min-shapes, --opt-shapes and --max-shapes")
                 token_dimension, sizes[key] = key, tokens
             dims.append((key,) * 3 if isinstance(key, int) else sizes[key])
         profile[name] = tuple(tuple(d[k] for d in dims) for k in range(3))
@@ -808,7 +856,8 @@ def input_profile(model: ir.Model, args) -> dict:
 # table's row count, a mask ones, positions 0, 1, 2, ... along the last axis.
 
 
-INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.BOOL: torch.bool}
+INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32,
+                  ir.DataType.BOOL: torch.bool}
 
 
 def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
@@ -822,20 +871,24 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
             values[name] = torch.randn(shape, generator=gen).to(dtype)
             continue
         if value.dtype not in INTEGER_DTYPES:
-            raise lesson.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
-                                    "float32 and integer inputs")
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype}; the comparison "
+                                    "feeds float16, bfloat16, float32 and integer inputs")
         dtype = INTEGER_DTYPES[value.dtype]
-        tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
+        tables = [user.inputs[0].shape for user, index in value.uses()
+                  if user.op_type == "Gather" and index == 1]
         if "mask" in name.lower():
             values[name] = torch.ones(shape, dtype=dtype)
         elif "position" in name.lower():
-            values[name] = (torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous() if shape else
-                            torch.zeros((), dtype=dtype))
+            if shape:
+                values[name] = torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous()
+            else:
+                values[name] = torch.zeros((), dtype=dtype)
         elif tables and tables[0] is not None and isinstance(tables[0][0], int):
             values[name] = torch.randint(0, tables[0][0], shape, generator=gen).to(dtype)
         else:
-            raise lesson.UsageError(f"model input '{name}' is {value.dtype} but neither token ids (a Gather's "
-                                    "indices), a mask nor positions, so the comparison cannot choose its values")
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype} but neither token ids "
+                                    "(a Gather's indices), a mask nor positions, so the comparison "
+                                    "cannot choose its values")
     return values
 
 
@@ -856,7 +909,8 @@ def beside_its_data(model: ir.Model):
                 link = os.path.join(folder, tensor.location)
                 if not os.path.lexists(link):
                     os.makedirs(os.path.dirname(link), exist_ok=True)
-                    os.symlink(os.path.join(os.path.abspath(tensor.base_dir), tensor.location), link)
+                    target = os.path.join(os.path.abspath(tensor.base_dir), tensor.location)
+                    os.symlink(target, link)
         path = os.path.join(folder, "model_rmsnorm.onnx")
         ir.save(model, path)
         yield path
@@ -870,7 +924,8 @@ def build_engine(path: str, watched: list, profile: dict):
     with lesson.tensorrt_stage("ONNX parse"):
         builder, network, parser = network_from_onnx_path(path, strongly_typed=True)
         outputs = [network.get_output(i).name for i in range(network.num_outputs)]
-        network = modify_network_outputs((builder, network, parser), outputs=list(dict.fromkeys(outputs + watched)))
+        network = modify_network_outputs((builder, network, parser),
+                                         outputs=list(dict.fromkeys(outputs + watched)))
     return lesson.build_from_network(network, profile)
 
 
@@ -898,8 +953,9 @@ def build_engine(path: str, watched: list, profile: dict):
 # up to 2u on either side.
 
 FP32_NOISE = 2.0 ** -18
+# TensorRT's name of a dtype -> torch's.
 TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in lesson.DTYPES.values()},
-                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}  # TensorRT's name -> torch's
+                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}
 
 
 def rounding_error(dtype: str) -> float:
@@ -912,8 +968,8 @@ def roundings(node: Replaced):
     where the node names one, else the exact sum of node.x) to the compared Y, or for a folded
     node to the y that the FP8 rounding then takes."""
     ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
-    theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
-        + ([node.dtype] if node.cast == "absorbed" else [])
+    theirs = ([node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else [])
+              + [node.scale_dtype] + ([node.dtype] if node.cast == "absorbed" else []))
     if node.quantized:  # before the FP8 rounding: the plugin's y is FP32, the Quantize divides y
         ours, theirs = [], theirs + theirs[-1:]  # in its input's dtype
     if not node.sum:
@@ -925,7 +981,8 @@ def roundings(node: Replaced):
 
 
 def onnx_tolerance(dtypes) -> float:
-    """Relative bound of a computation rounding to each of `dtypes` in turn, against exact RMSNorm."""
+    """Relative bound of a computation rounding to each of `dtypes` in turn, against exact
+    RMSNorm."""
     return math.prod(1 + rounding_error(d) for d in dtypes) - 1 + FP32_NOISE
 
 
@@ -937,7 +994,8 @@ def side_tolerance(dtypes, magnitude, scale):
 
 
 def engines_tolerance(node: Replaced, magnitude, scale):
-    """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is `magnitude`."""
+    """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is
+    `magnitude`."""
     ours, theirs = roundings(node)
     return side_tolerance(ours, magnitude, scale) + side_tolerance(theirs, magnitude, scale)
 
@@ -954,7 +1012,8 @@ def bind_inputs(engine, context, feeds: dict):
 
 
 def bind(engine, feeds: dict):
-    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs bound."""
+    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs
+    bound."""
     context = engine.create_execution_context()
     bind_inputs(engine, context, feeds)
     outputs = {}
@@ -963,13 +1022,15 @@ def bind(engine, feeds: dict):
         if engine.get_tensor_mode(name) == lesson.trt.TensorIOMode.OUTPUT:
             dtype = TORCH_DTYPES.get(trt_dtype := engine.get_tensor_dtype(name).name)
             if dtype is None:
-                raise lesson.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
-                                        f"{', '.join(TORCH_DTYPES)}")
-            outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+                raise lesson.UsageError(f"model output '{name}' is {trt_dtype}; the comparison "
+                                        f"reads outputs of {', '.join(TORCH_DTYPES)}")
+            shape = tuple(context.get_tensor_shape(name))
+            outputs[name] = torch.zeros(shape, dtype=dtype, device="cuda")
+            # An element the engine leaves unwritten fails the check.
             if dtype.itemsize == 1 and dtype.is_floating_point:
-                outputs[name].view(torch.uint8).fill_(0x7F)  # E4M3FN's NaN: unwritten fails too
+                outputs[name].view(torch.uint8).fill_(0x7F)  # E4M3FN's NaN
             elif dtype.is_floating_point:
-                outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
+                outputs[name].fill_(float("nan"))
             context.set_tensor_address(name, outputs[name].data_ptr())
     return context, outputs
 
@@ -1074,15 +1135,17 @@ def verdict(ratios: list) -> str:
 
 
 def one_node_model(args) -> ir.Model:
-    """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to X's dtype
-    where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin absorbs it."""
+    """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to
+    X's dtype where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin
+    absorbs it."""
     dtype, w_dtype = (ir.DataType[lesson.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
     _, weights = lesson.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
-    x = ir.Value(name="X", type=ir.TensorType(dtype), shape=ir.Shape(["num_tokens", args.hidden_dim]))
+    x = ir.Value(name="X", type=ir.TensorType(dtype),
+                 shape=ir.Shape(["num_tokens", args.hidden_dim]))
     scale = ir.Value(name="W", type=ir.TensorType(w_dtype), shape=ir.Shape([args.hidden_dim]),
                      const_value=ir.tensor(weights, dtype=w_dtype, name="W"))
-    norm = ir.node("RMSNormalization", [x, scale], {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1},
-                   name="rms_norm")
+    attributes = {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1}
+    norm = ir.node("RMSNormalization", [x, scale], attributes, name="rms_norm")
     nodes, y = [norm], norm.outputs[0]
     y.name, y.dtype, y.shape = "Y", w_dtype, x.shape
     if w_dtype != dtype:
@@ -1090,18 +1153,22 @@ def one_node_model(args) -> ir.Model:
         nodes.append(ir.node("Cast", [y], {"to": dtype}, name="to_x_dtype"))
         y = nodes[-1].outputs[0]
         y.name, y.dtype, y.shape = "Y", dtype, x.shape
-    graph = ir.Graph([x], [y], nodes=nodes, initializers=[scale], opset_imports={"": 23}, name="rms_norm")
+    graph = ir.Graph([x], [y], nodes=nodes, initializers=[scale], opset_imports={"": 23},
+                     name="rms_norm")
     return ir.Model(graph, ir_version=11)
 
 
-def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list, profile: dict, seed: int):
-    """Build both, run both at the profile's min, opt and max, check every replaced node, time both."""
+def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list,
+            profile: dict, seed: int):
+    """Build both, run both at the profile's min, opt and max, check every replaced node, time
+    both."""
     try:  # first, so that an input it cannot feed is refused before any build
-        inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, (seed + k) % 2**64)
+        inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()},
+                               (seed + k) % 2**64)
                   for k in range(3)]
     except (MemoryError, RuntimeError) as exc:  # torch's allocation failure is a RuntimeError
-        raise lesson.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
-                                f"({' '.join(str(exc).split())[:120]})") from None
+        raise lesson.UsageError(f"the model's inputs at the profile's shapes do not fit in host "
+                                f"memory ({' '.join(str(exc).split())[:120]})") from None
     lesson.check_environment()
     watched = list(dict.fromkeys(
         t for node in replaced for t in (*node.x, node.scale, node.y, node.sum)
@@ -1109,7 +1176,8 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
     with beside_its_data(rewritten) as path:
         engines = [build_engine(path, watched, profile), build_engine(model_path, watched, profile)]
     weights = {name: original.graph.initializers[name].const_value.numpy().astype(np.float64)
-               for node in replaced for name in (node.scale, *node.x) if name in original.graph.initializers}
+               for node in replaced for name in (node.scale, *node.x)
+               if name in original.graph.initializers}
     correct, ratios = True, []
     for point, host in zip(("min", "opt", "max"), inputs):
         feeds = {name: value.cuda() for name, value in host.items()}
@@ -1119,7 +1187,8 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
         values = {**weights, **{name: v.double().numpy() for name, v in host.items()}}
         print(f"  {point}: {', '.join(f'{n} {tuple(v.shape)}' for n, v in feeds.items())}")
         for name in (v.name for v in original.graph.outputs):
-            print(f"    output {name}: max |plugin - TensorRT| = {np.max(np.abs(ours[name] - theirs[name])):.3e}")
+            diff = np.max(np.abs(ours[name] - theirs[name]))
+            print(f"    output {name}: max |plugin - TensorRT| = {diff:.3e}")
         for node in replaced:
             checks = [(node.y, check_replaced)] + ([(node.sum, check_sum)] if node.sum else [])
             for tensor_name, check in checks:  # Y, and a fused node's S
@@ -1128,8 +1197,8 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
                       f"{'ok' if ok else 'MISMATCH'}")
                 correct &= ok
         ratios.append(times[0] / times[1])
-        print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import {times[1]:8.2f} us   "
-              f"plugin / TensorRT {ratios[-1]:.2f}")
+        print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import "
+              f"{times[1]:8.2f} us   plugin / TensorRT {ratios[-1]:.2f}")
     print(f"For these shapes: {verdict(ratios)}.")
     return correct
 
@@ -1137,18 +1206,21 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
 def check_flag_values(args):
     """UsageError unless each flag this script shares with the lesson is in the lesson's range."""
     for flag, _, lowest, highest, _ in lesson.INT_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"), None)  # --num-tokens is the lesson's alone
+        # --num-tokens is the lesson's alone.
+        value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and not lowest <= value <= highest:
             raise lesson.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
     if args.epsilon is not None:
         try:
             lesson.validate_epsilon(args.epsilon)
         except ValueError:
-            raise lesson.UsageError(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}") from None
+            raise lesson.UsageError("--epsilon must be finite and > 0 in float32, got "
+                                    f"{args.epsilon}") from None
 
 
 def main(args) -> int:
-    """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT error."""
+    """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT
+    error."""
     try:
         check_flag_values(args)
         with tempfile.TemporaryDirectory(prefix="rmsnorm-") as folder:
@@ -1165,7 +1237,8 @@ def main(args) -> int:
             if args.report_only:
                 return lesson.EXIT_CORRECT
             if not replaced:
-                raise lesson.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing would be compared")
+                raise lesson.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing "
+                                        "would be compared")
             profile = input_profile(original, args)
             correct = compare(path, rewritten, original, replaced, profile, args.seed)
     except (lesson.UsageError, lesson.TensorRTError) as exc:
