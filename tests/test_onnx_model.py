@@ -42,52 +42,56 @@ COMPANION = companion.__file__
 LAYERS = onnx_models.CONFIG["num_hidden_layers"]
 H = onnx_models.HIDDEN
 
-# name -> (how it is made, the forms its RMSNorms take, how many: two per layer and the final
-# norm, plus Qwen3's q and k norms per layer).
+NORMS = 2 * LAYERS + 1  # two per layer and the final one
 SKIP_NORMS = {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
               "skip_simplified_layer_normalization"}
+
+
+def dynamo(family, dtype, **options):
+    """How torch.onnx.export(dynamo=True) exports `family` in `dtype` into a folder."""
+    return lambda folder: onnx_models.export_dynamo(folder / "m.onnx", family, dtype, **options)
+
+
+def torchscript(family, dtype, **options):
+    """How the TorchScript exporter exports `family` in `dtype` into a folder."""
+    return lambda folder: onnx_models.export_torchscript(folder / "m.onnx", family, dtype,
+                                                         **options)
+
+
+def genai_style(*options):
+    """How onnx_models.genai_style_model is written into a folder."""
+    return lambda folder: onnx_models.save(onnx_models.genai_style_model(*options),
+                                           folder / "m.onnx")
+
+
+# name -> (how it is made, the forms its RMSNorms take, how many: Qwen3 has a q and a k norm per
+# layer besides).
 EXPORTS = {
-    "llama_dynamo_opset23": (
-        lambda d: onnx_models.export_dynamo(d / "m.onnx", "llama", "float16", external_data=True),
-        {"rms_normalization"}, 2 * LAYERS + 1),
-    "gemma_dynamo_opset23": (
-        lambda d: onnx_models.export_dynamo(d / "m.onnx", "gemma", "float16"),
-        {"rms_normalization + Cast"}, 2 * LAYERS + 1),
-    "qwen3_dynamo_default_opset": (
-        lambda d: onnx_models.export_dynamo(d / "m.onnx", "qwen3", "bfloat16", opset=None),
-        {"decomposed_after_cast"}, 4 * LAYERS + 1),
-    "llama_torchscript_opset17": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "llama", "float16"),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
-    "gemma_torchscript_opset17": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float32"),
-        {"decomposed_after_cast", "decomposed_in_x_dtype"}, 2 * LAYERS + 1),
+    "llama_dynamo_opset23": (dynamo("llama", "float16", external_data=True),
+                             {"rms_normalization"}, NORMS),
+    "gemma_dynamo_opset23": (dynamo("gemma", "float16"), {"rms_normalization + Cast"}, NORMS),
+    "qwen3_dynamo_default_opset": (dynamo("qwen3", "bfloat16", opset=None),
+                                   {"decomposed_after_cast"}, NORMS + 2 * LAYERS),
+    "llama_torchscript_opset17": (torchscript("llama", "float16"),
+                                  {"decomposed_after_cast"}, NORMS),
+    "gemma_torchscript_opset17": (torchscript("gemma", "float32"),
+                                  {"decomposed_after_cast", "decomposed_in_x_dtype"}, NORMS),
     "gemma_torchscript_opset18_unfolded": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float16", opset=18,
-                                                 fold=False),
-        {"decomposed_after_cast + Cast", "decomposed_after_cast"}, 2 * LAYERS + 1),
-    "genai_builder": (onnx_models.export_genai, SKIP_NORMS, 2 * LAYERS + 1),
-    "genai_builder_tensorrt_rtx_target": (
-        lambda d: onnx_models.export_genai(d, "NvTensorRtRtx"),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
-    "genai_style_nodes": (
-        lambda d: onnx_models.save(onnx_models.genai_style_model(), d / "m.onnx"),
-        SKIP_NORMS, 3),
-    "genai_style_nodes_fp32_bias": (
-        lambda d: onnx_models.save(onnx_models.genai_style_model(np.float32, bias=True),
-                                   d / "m.onnx"),
-        SKIP_NORMS, 3),
+        torchscript("gemma", "float16", opset=18, fold=False),
+        {"decomposed_after_cast + Cast", "decomposed_after_cast"}, NORMS),
+    "genai_builder": (onnx_models.export_genai, SKIP_NORMS, NORMS),
+    "genai_builder_tensorrt_rtx_target": (lambda folder: onnx_models.export_genai(folder,
+                                                                                  "NvTensorRtRtx"),
+                                          {"decomposed_after_cast"}, NORMS),
+    "genai_style_nodes": (genai_style(), SKIP_NORMS, 3),
+    "genai_style_nodes_fp32_bias": (genai_style(np.float32, True), SKIP_NORMS, 3),
     "mistral_dynamo_default_opset_fp32_int32_inputs": (
-        lambda d: onnx_models.export_dynamo(d / "m.onnx", "mistral", "float32", opset=None,
-                                            index_dtype="int32"),
-        {"decomposed_in_x_dtype"}, 2 * LAYERS + 1),
-    "phi3_torchscript_opset17": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16"),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
+        dynamo("mistral", "float32", opset=None, index_dtype="int32"),
+        {"decomposed_in_x_dtype"}, NORMS),
+    "phi3_torchscript_opset17": (torchscript("phi3", "float16"), {"decomposed_after_cast"}, NORMS),
     "phi3_torchscript_opset17_symbolic_shapes": (
-        lambda d: onnx_models.with_symbolic_shapes(
-            onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16")),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
+        lambda folder: onnx_models.with_symbolic_shapes(torchscript("phi3", "float16")(folder)),
+        {"decomposed_after_cast"}, NORMS),
 }
 # The builder's models hold GroupQueryAttention, an onnxruntime op no TensorRT imports; the norms
 # of its CUDA target are built from genai_style_nodes, which mirror them, and its TensorRT-RTX
