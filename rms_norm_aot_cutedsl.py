@@ -9,13 +9,14 @@ TensorRT's quickly deployable plugins (``tensorrt.plugin``, TensorRT >= 10.9)
 take an ahead-of-time implementation instead: ``@trtp.aot_impl`` returns a
 kernel name, its PTX, launch dimensions and symbolic extra arguments, and
 TensorRT embeds the PTX in the engine and launches it itself. This file does
-that with the sample's CuteDSL kernel and a dynamic token count.
+that with the CuteDSL kernel of rms_norm_fused_cutedsl.py, the lesson's
+extended by import, and a dynamic token count.
 
 What you will learn
 -------------------
 * How the kernel's parameter list is made to match TensorRT's AOT calling
-  convention by construction (see ``rms_norm_kernel``: X, W, num_tokens, Y;
-  with --residual, X, R, W, num_tokens, Y, S).
+  convention by construction (see ``fused_rms_norm_kernel``: X, W,
+  num_tokens, Y; with --residual, X, R, W, num_tokens, Y, S).
 * How to pick the PTX ISA version so the deployment driver can load it.
 * How to register a QDP op with an AOT implementation and build, run and save
   an engine that ``trtexec`` loads without this file.
@@ -44,11 +45,13 @@ import dataclasses
 import re
 import sys
 
-# The flags and the run live in the sample, and the engine record in rms_norm_saved_engine.py.
+# The run lives in the lesson, the kernel, its plans and the forms' flags in the fused companion,
+# and the engine record in rms_norm_saved_engine.py.
 try:
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_plugin_cutedsl as lesson
+    import rms_norm_fused_cutedsl as fused
     import rms_norm_saved_engine as saved
-except ImportError as exc:  # the sample's ImportError names the missing pip package in one sentence
+except ImportError as exc:  # the lesson's ImportError names the missing pip package in one sentence
     if __name__ != "__main__":
         raise
     print(f"error: {exc}", file=sys.stderr)
@@ -82,7 +85,8 @@ def op_name(residual: bool, fp8: bool = False) -> str:
 # exactly these versions, and the GPU test loads it into a real driver.
 
 # 8.0 needs a driver of R525 (CUDA 12.0) or newer; 8.6 and 8.7 (Blackwell) R570 or newer.
-AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
+AOT_PTX_ISA = {"sm_80": "8.0", "sm_86": "8.0", "sm_89": "8.0", "sm_90a": "8.0", "sm_100a": "8.6",
+               "sm_120a": "8.7"}
 # The FP8 form's cvt to E4M3 came with ISA 7.8 for sm_90 but only with 8.1 (R530) for
 # sm_89: ptxas refuses it there at 8.0. sm_80 and sm_86 have no FP8 conversion at all.
 AOT_FP8_PTX_ISA = {"sm_89": "8.1", "sm_90a": "8.0", "sm_100a": "8.6", "sm_120a": "8.7"}
@@ -101,25 +105,27 @@ def check_aot_arch(arch: str, fp8: bool = False):
 # A kernel gets more than 48 KB of dynamic shared memory only once its launcher
 # opts it in (cuFuncSetAttribute), and tensorrt.plugin's KernelLaunchParams
 # offer no such setting: the AOT kernel asks for at most 48 KB, which any
-# launch gets. The plain form's staged rows stay below it; the residual form stages
-# R too, and where the two no longer fit, its rows stay in registers, the
-# remedy the sample's own table_plan takes where staged rows do not fit a CTA.
+# launch gets. The plain form's staged rows stay below it; the residual form
+# stages R too, and where the two no longer fit, its rows stay in registers,
+# the remedy the companion's own table_plan takes where staged rows do not fit
+# a CTA.
 AOT_SHARED_BYTES = 48 * 1024
 
 
 def aot_plan(hidden: int, elem_bytes: int, residual: bool = False):
     """The AOT kernel's one plan: the many-token plan without a cluster or bulk copy (every
     GPU from sm_80), its rows in registers where staging them would pass AOT_SHARED_BYTES."""
-    plan = sample.plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
+    plan = fused.plan_kernel(hidden, elem_bytes, sm90=False, residual=residual)
     if shared_memory_bytes(plan) > AOT_SHARED_BYTES:
         # Rows in registers hold more through the reduction: fit the plan to them again.
-        plan = sample.fit_registers(dataclasses.replace(plan, arrival="registers"))
+        in_registers = dataclasses.replace(plan, arrival="registers")
+        plan = lesson.fit_registers(in_registers, fused.FIT_STEPS)
     return plan
 
 
 def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str = "float32",
                residual: bool = False, y_scale: float | None = None):
-    """(kernel name, PTX, plan) of the sample's kernel compiled for `arch`, epsilon baked in.
+    """(kernel name, PTX, plan) of the companion's kernel compiled for `arch`, epsilon baked in.
 
     One plan alone (aot_plan): an AOT implementation gives TensorRT one kernel for every
     token count, launched with a grid and a block only. residual: the fused form, PTX
@@ -128,13 +134,13 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
     """
     fp8 = y_scale is not None
     check_aot_arch(arch, fp8)
-    plan = aot_plan(hidden, sample.DTYPES[dtype].bytes, residual)
+    plan = aot_plan(hidden, lesson.DTYPES[dtype].bytes, residual)
     # compile_launcher, not compile_rms_norm: the latter plans without the 48 KB rule above.
     schedule = ((plan, ((None, None),)),)
-    epsilon = sample.validate_epsilon(epsilon)
+    epsilon = lesson.validate_epsilon(epsilon)
     if fp8:
-        y_scale = sample.validate_y_scale(y_scale)
-    compiled = sample.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, True, y_scale)
+        y_scale = fused.validate_y_scale(y_scale)
+    compiled = fused.compile_launcher(schedule, dtype, w_dtype, epsilon, arch, True, y_scale)
     isa = AOT_FP8_PTX_ISA[arch] if fp8 else AOT_PTX_ISA[arch]
     ptx = re.sub(r"^\.version \d+\.\d+$", f".version {isa}", compiled.__ptx__, count=1, flags=re.M)
     (name,) = re.findall(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
@@ -142,21 +148,26 @@ def aot_kernel(dtype: str, hidden: int, epsilon: float, arch: str, w_dtype: str 
 
 
 def shared_memory_bytes(plan) -> int:
-    """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy (what this flavor
-    compiles): the staged rows (stage_rows: X, then R in the residual form, num_row_inputs of them), then one FP32
-    sum per warp of each row slot, in as many sets as the CTA has rows in sequence, up to two (row_sum_buffers).
-    A CPU test holds it to CuteDSL's own count."""
+    """The dynamic shared memory the kernel allocates for a plan without a cluster or bulk copy
+    (what this flavor compiles): the staged rows (stage_rows: X, then R in the residual form,
+    num_row_inputs of them), then one FP32 sum per warp of each row slot, in as many sets as the
+    CTA has rows in sequence, up to two (row_sum_buffers). A CPU test holds it to CuteDSL's own
+    count."""
     row_bytes = plan.cta_rows * plan.hidden * plan.elem_bytes
     staged = row_bytes * plan.num_row_inputs if plan.arrival != "registers" else 0
-    sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence) if plan.warps_per_row > 1 else 0
+    sums = 0
+    if plan.warps_per_row > 1:
+        sums = 4 * plan.warps_per_row * plan.rows_per_cta * min(2, plan.rows_in_sequence)
     return staged + sums
 
 
 def aot_launch_dims(plan, num_tokens):
-    """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and TensorRT's symbols.
+    """(grid_x, block_x, dynamic shared memory bytes) for `num_tokens` rows; works on ints and
+    TensorRT's symbols.
 
-    These must equal what launch_kernel uses for this plan: the PTX requires exactly plan.cta_threads threads
-    (.reqntid), and its shared memory is dynamic, so TensorRT must be told its size.
+    These must equal what launch_kernel uses for this plan: the PTX requires exactly
+    plan.cta_threads threads (.reqntid), and its shared memory is dynamic, so TensorRT must be
+    told its size.
     """
     return plan.grid(num_tokens), plan.cta_threads, shared_memory_bytes(plan)
 
@@ -167,7 +178,7 @@ def aot_launch_dims(plan, num_tokens):
 # not need tensorrt. Attributes of an AOT plugin are not stored in the engine
 # (only the PTX is), and AOT extra arguments are symbolic int32 values, so
 # epsilon cannot be a kernel argument: it is baked into the PTX, which is
-# exactly what the sample's kernel does anyway (see compile_rms_norm).
+# exactly what the companion's kernel does anyway (see compile_rms_norm).
 #
 # epsilon is a one-element float32 array, not a Python float: tensorrt.plugin
 # 10.9-11.1 turns a float attribute back with float(array), which NumPy 2.4
@@ -198,7 +209,7 @@ def register_aot_op(arch: str):
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    names = {getattr(trt.DataType, row.trt): name for name, row in sample.DTYPES.items()}
+    names = {getattr(trt.DataType, row.trt): name for name, row in lesson.DTYPES.items()}
     Epsilon = npt.NDArray[np.float32]  # see above: an array attribute, not a float
     YScale = npt.NDArray[np.float32]  # the same, for the FP8 form's scale
     AotResult = Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]
@@ -240,13 +251,16 @@ def register_aot_op(arch: str):
     @trtp.autotune(OP_NAME)
     def rms_norm_formats(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
                          outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:
-        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16 ('*': any), linear."""
-        return [trtp.AutoTuneCombination("FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32", "LINEAR")]
+        """X and Y fp16, bf16 or fp32, of one dtype ('|' ties them), times W fp32, fp16 or bf16
+        ('*': any), linear."""
+        io_types = "FP16|BF16|FP32, FP32*FP16*BF16, FP16|BF16|FP32"
+        return [trtp.AutoTuneCombination(io_types, "LINEAR")]
 
     @trtp.aot_impl(OP_NAME)
     def rms_norm_aot(x: trtp.TensorDesc, w: trtp.TensorDesc, epsilon: Epsilon,
                      outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
-        """Called at build time per dtype combination: the kernel name, its PTX, launch dims, extra args."""
+        """Called at build time per dtype combination: the kernel name, its PTX, launch dims,
+        extra args."""
         return aot_result(OP_NAME, x, w, epsilon)
 
     @trtp.register(FUSED_OP_NAME)
@@ -324,27 +338,27 @@ def register_aot_op(arch: str):
     _REGISTERED = True
 
 
-def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int, epsilon: float,
-                     w_dtype: str = "float32", residual: bool = False,
+def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, max_tokens: int,
+                     epsilon: float, w_dtype: str = "float32", residual: bool = False,
                      y_scale: float | None = None):
     """An engine whose only layer is the AOT op: TensorRT embeds the PTX and launches it itself.
 
-    Its tensors are named as the sample's (io_names): X, W -> Y, or with `residual` X, R, W -> Y, S.
-    y_scale: the FP8 op, Y in FP8 E4M3.
+    Its tensors are named as the companion's (io_names): X, W -> Y, or with `residual`
+    X, R, W -> Y, S. y_scale: the FP8 op, Y in FP8 E4M3.
     """
     import numpy as np
     import tensorrt as trt
     import tensorrt.plugin as trtp
     from polygraphy.backend.trt import create_network
 
-    arch = sample.gpu_arch()
+    arch = lesson.gpu_arch()
     # Refused before TensorRT calls aot_impl, where an error is only a log line.
     check_aot_arch(arch, fp8=y_scale is not None)
     register_aot_op(arch)
     builder, network = create_network(strongly_typed=True)
-    input_names, output_names = sample.io_names(residual)
-    x_type = getattr(trt.DataType, sample.DTYPES[dtype].trt)
-    w_type = getattr(trt.DataType, sample.DTYPES[w_dtype].trt)
+    input_names, output_names = fused.io_names(residual)
+    x_type = getattr(trt.DataType, lesson.DTYPES[dtype].trt)
+    w_type = getattr(trt.DataType, lesson.DTYPES[w_dtype].trt)
     inputs = [network.add_input(name, w_type, (hidden,)) if name == "W"
               else network.add_input(name, x_type, (-1, hidden)) for name in input_names]
     eps = np.array([epsilon], dtype=np.float32)  # see [2]: an array attribute, not a float
@@ -360,11 +374,12 @@ def build_aot_engine(hidden: int, dtype: str, min_tokens: int, opt_tokens: int, 
         network.mark_output(output)
     rows = tuple((n, hidden) for n in (min_tokens, opt_tokens, max_tokens))
     shapes = {name: rows for name in input_names if name != "W"}
-    return sample.build_from_network((builder, network), shapes)
+    return lesson.build_from_network((builder, network), shapes)
 
 
 def check_aot_support():
-    """Raise UsageError unless this TensorRT can build AOT plugins (tensorrt.plugin.aot_impl, TensorRT 10.9+)."""
+    """Raise UsageError unless this TensorRT can build AOT plugins (tensorrt.plugin.aot_impl,
+    TensorRT 10.9+)."""
     import tensorrt as trt
 
     try:
@@ -372,8 +387,8 @@ def check_aot_support():
     except ImportError:
         trtp = None
     if not hasattr(trtp, "aot_impl"):  # tensorrt.plugin arrived in 10.6, its AOT half in 10.9
-        raise UsageError(f"TensorRT {trt.__version__} has no ahead-of-time plugins (tensorrt.plugin.aot_impl); "
-                         "the AOT flavor needs TensorRT 10.9 or newer")
+        raise UsageError(f"TensorRT {trt.__version__} has no ahead-of-time plugins "
+                         "(tensorrt.plugin.aot_impl); the AOT flavor needs TensorRT 10.9 or newer")
 
 
 # %% [3] Command line -----------------------------------------------------------
@@ -382,33 +397,42 @@ def check_aot_support():
 def trtexec_command(args) -> str:
     """The trtexec line that runs the saved engine at --num-tokens: trtexec needs the shape of every
     dynamic input, X and, in the residual form, R."""
-    rows = [name for name in sample.io_names(args.residual)[0] if name != "W"]
+    rows = [name for name in fused.io_names(args.residual)[0] if name != "W"]
     shapes = ",".join(f"{name}:{args.num_tokens}x{args.hidden_dim}" for name in rows)
     return f"trtexec --loadEngine={args.engine} --shapes={shapes}"
 
 
 def main(argv=None) -> int:
-    """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment or TensorRT error."""
-    parser = sample.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of time, "
-                                "run it and check it against NumPy.")
-    parser.add_argument("--engine", metavar="PATH", help="load the engine from PATH if it exists (checked against "
-                        "PATH.json, the record of the flags it was built with), else build it and save both there")
-    args = sample.validate_args(parser, parser.parse_args(argv))
+    """Exit codes as in rms_norm_plugin_cutedsl.py: 0 correct, 1 incorrect, 2 usage, environment
+    or TensorRT error."""
+    parser = fused.make_parser("Build a TensorRT engine with the CuteDSL RMSNorm embedded ahead of "
+                               "time, run it and check it against NumPy.")
+    parser.add_argument("--engine", metavar="PATH",
+                        help="load the engine from PATH if it exists (checked against PATH.json, "
+                             "the record of the flags it was built with), else build it and save "
+                             "both there")
+    args = fused.validate_args(parser, parser.parse_args(argv))
     if args.from_onnx:
-        parser.error("--from-onnx builds the Python plugin's engine; this flavor builds its own AOT op")
-    plan = aot_plan(args.hidden_dim, sample.DTYPES[args.dtype].bytes, args.residual)
+        parser.error("--from-onnx builds the Python plugin's engine; this flavor builds its own "
+                     "AOT op")
+    plan = aot_plan(args.hidden_dim, lesson.DTYPES[args.dtype].bytes, args.residual)
     if args.plans:
         print(f"every token count: {plan.describe()}")
-        return sample.EXIT_CORRECT
+        return lesson.EXIT_CORRECT
     record = saved.engine_record(args, "aot", op_name(args.residual, args.y_scale is not None))
     data = saved.check_engine_flag(parser, args, record) if args.engine is not None else None
 
     def build(args):
-        with sample.tensorrt_stage("network definition"):  # the build itself names its own stage
-            return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens, args.max_tokens,
-                                    args.epsilon, args.weight_dtype, args.residual, args.y_scale)
+        # The build itself names its own stage.
+        with lesson.tensorrt_stage("network definition"):
+            return build_aot_engine(args.hidden_dim, args.dtype, args.min_tokens, args.opt_tokens,
+                                    args.max_tokens, args.epsilon, args.weight_dtype,
+                                    args.residual, args.y_scale)
 
     def make_engine(args):
+        # Before TensorRT is asked anything, whether the engine is built or loaded.
+        if args.y_scale is not None and fused.fp8_refusal():
+            raise UsageError(fused.fp8_refusal())
         check_aot_support()
         print(f"AOT kernel, every token count: {plan.describe()}")
         if args.engine is None:
@@ -417,7 +441,7 @@ def main(argv=None) -> int:
         print(f"Run it without Python: {trtexec_command(args)}")
         return engine
 
-    return sample.run(args, make_engine)
+    return lesson.run(args, make_engine, fused.check_engine, fused.form_title(args))
 
 
 if __name__ == "__main__":

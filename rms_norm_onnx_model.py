@@ -29,18 +29,22 @@ What you will learn
 What it runs on
 ---------------
 The report (``--report-only``, and ``-o``) needs only onnx, onnx-ir and
-onnxscript besides the sample's packages: no GPU, no TensorRT. Building and
-comparing need what the sample needs (an NVIDIA GPU of SM80+, TensorRT 10 or
+onnxscript besides the lesson's packages: no GPU, no TensorRT. Building and
+comparing need what the lesson needs (an NVIDIA GPU of SM80+, TensorRT 10 or
 11); TensorRT's own import of ONNX's RMSNormalization, which the one-node
 model and opset-23 exports are compared against, needs TensorRT 10.15+. A
 model with folded FP8 Quantizes needs an SM89+ GPU, as FP8 itself does.
+TensorRT's parser makes the plugin nodes with the creator of
+rms_norm_fused_cutedsl.py, which serves every form they take.
 
 How to run it
 -------------
-    python3 rms_norm_onnx_model.py                        # one RMSNormalization node: plugin vs TensorRT, timed
+    python3 rms_norm_onnx_model.py     # one RMSNormalization node: plugin vs TensorRT, timed
     python3 rms_norm_onnx_model.py model.onnx --report-only -o model_rmsnorm.onnx
-    python3 rms_norm_onnx_model.py model.onnx --min-shapes input_ids:1x1,attention_mask:1x1 \\
-        --opt-shapes input_ids:1x128,attention_mask:1x128 --max-shapes input_ids:4x512,attention_mask:4x512
+    python3 rms_norm_onnx_model.py model.onnx \\
+        --min-shapes input_ids:1x1,attention_mask:1x1 \\
+        --opt-shapes input_ids:1x128,attention_mask:1x128 \\
+        --max-shapes input_ids:4x512,attention_mask:4x512
 
 Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not,
 2 usage or environment error (one sentence on stderr).
@@ -57,7 +61,7 @@ import os
 import sys
 import tempfile
 
-EXIT_USAGE = 2  # the sample's code for a usage error, needed before the sample is imported
+EXIT_USAGE = 2  # the lesson's code for a usage error, needed before the lesson is imported
 FLAGS_OF_THE_ONE_NODE_MODEL = ("hidden_dim", "dtype", "weight_dtype", "epsilon")
 FLAGS_OF_A_MODEL = ("output", "report_only", "min_shapes", "opt_shapes", "max_shapes")
 
@@ -83,37 +87,46 @@ def parse_shapes(text: str) -> dict:
         except ValueError:
             shape = None
         if not colon or not name or shape is None or any(d < 0 for d in shape):
-            raise argparse.ArgumentTypeError(f"'{item}' is not NAME:DIMxDIM... (e.g. input_ids:1x128)")
+            raise argparse.ArgumentTypeError(f"'{item}' is not NAME:DIMxDIM... "
+                                             "(e.g. input_ids:1x128)")
         shapes[name] = shape
     return shapes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = _ArgumentParser(
-        description="Replace the RMSNorms of an ONNX model by RmsNormPlugin, print which and why not, and "
-                    "compare the rewritten model with TensorRT's import of the original. Without MODEL.onnx: "
-                    "a one-node RMSNormalization model.",
+        description="Replace the RMSNorms of an ONNX model by RmsNormPlugin, print which and why "
+                    "not, and compare the rewritten model with TensorRT's import of the original. "
+                    "Without MODEL.onnx: a one-node RMSNormalization model.",
         epilog="The report comes first and needs no GPU; --report-only stops there. "
-               "Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not, 2 usage or "
-               "environment error.")
-    parser.add_argument("model", nargs="?", metavar="MODEL.onnx", help="the model (its external data beside it)")
+               "Exit codes: 0 every replaced node matched TensorRT's import, 1 one did not, "
+               "2 usage or environment error.")
+    parser.add_argument("model", nargs="?", metavar="MODEL.onnx",
+                        help="the model (its external data beside it)")
     parser.add_argument("-o", "--output", metavar="OUT.onnx",
-                        help="write the rewritten model there (in MODEL's directory if it has external data)")
+                        help="write the rewritten model there (in MODEL's directory if it has "
+                             "external data)")
     parser.add_argument("--report-only", action="store_true",
-                        help="print the per-node report (and write -o), build nothing: no GPU or TensorRT needed")
+                        help="print the per-node report (and write -o), build nothing: no GPU or "
+                             "TensorRT needed")
     for point in ("min", "opt", "max"):
-        parser.add_argument(f"--{point}-shapes", f"--{point}Shapes", type=parse_shapes, metavar="NAME:DxD,...",
-                            help=f"the profile's {point} shape of each named input, as trtexec's --{point}Shapes")
-    parser.add_argument("--min-tokens", type=int, default=1, help="the one dynamic dimension's minimum (default 1)")
+        parser.add_argument(f"--{point}-shapes", f"--{point}Shapes", type=parse_shapes,
+                            metavar="NAME:DxD,...",
+                            help=f"the profile's {point} shape of each named input, as trtexec's "
+                                 f"--{point}Shapes")
+    parser.add_argument("--min-tokens", type=int, default=1,
+                        help="the one dynamic dimension's minimum (default 1)")
     parser.add_argument("--opt-tokens", type=int, default=128, help="its optimum (default 128)")
     parser.add_argument("--max-tokens", type=int, default=512, help="its maximum (default 512)")
     one_node = parser.add_argument_group("the one-node model (no MODEL.onnx)")
     one_node.add_argument("--hidden-dim", type=int, help="hidden size (default 1024)")
-    one_node.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), help="X dtype (default float16)")
+    one_node.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                          help="X dtype (default float16)")
     one_node.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"),
                           help="scale dtype (default float32)")
     one_node.add_argument("--epsilon", type=float, help="default 1e-5")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for the random inputs (default 0)")
     args = parser.parse_args(argv)
 
     # Flags that describe the other kind of run are refused, not ignored.
@@ -121,8 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in misplaced:
         if (value := getattr(args, name)) is not None and value is not False:  # 0 is a value given
             flag = "-o" if name == "output" else "--" + name.replace("_", "-")
-            parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx" if args.model else
-                         f"{flag} applies to MODEL.onnx, which was not given")
+            if args.model:
+                parser.error(f"{flag} applies to the one-node model, not to MODEL.onnx")
+            parser.error(f"{flag} applies to MODEL.onnx, which was not given")
     if not 1 <= args.min_tokens <= args.opt_tokens <= args.max_tokens:
         parser.error(f"the profile needs 1 <= --min-tokens <= --opt-tokens <= --max-tokens, got "
                      f"{args.min_tokens}, {args.opt_tokens}, {args.max_tokens}")
@@ -149,7 +163,11 @@ if __name__ == "__main__":
     ARGS = parse_args()  # before the heavy imports: --help and flag errors must not wait for torch
 
 try:
-    import rms_norm_plugin_cutedsl as sample  # first: its ImportError names a missing package of its set
+    # The lesson first: its ImportError names a missing package of its set in one sentence. The
+    # plugin nodes this file writes take the fused forms' fields, which the fused companion's
+    # creator serves, and its FP8 rounding checks them.
+    import rms_norm_plugin_cutedsl as lesson
+    import rms_norm_fused_cutedsl as fused
 
     import numpy as np
     import onnx
@@ -160,17 +178,17 @@ try:
 except ImportError as exc:
     module = (exc.name or "").partition(".")[0]
     if module in ("onnx", "onnx_ir", "onnxscript"):
-        message = (f"the Python package {module.replace('_', '-')} is not installed; install the ONNX "
-                   "packages with `pip install onnx onnx-ir onnxscript`")
+        message = (f"the Python package {module.replace('_', '-')} is not installed; install "
+                   "the ONNX packages with `pip install onnx onnx-ir onnxscript`")
     else:
-        message = str(exc)  # the sample's sentence
+        message = str(exc)  # the lesson's sentence
     if __name__ == "__main__":
         print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     raise ImportError(message, name=exc.name) from exc
 
-# ONNX element type (as onnx-ir names it) -> the sample's dtype name.
-DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in sample.DTYPES.items()}
+# ONNX element type (as onnx-ir names it) -> the lesson's dtype name.
+DTYPE_NAMES = {ir.DataType[names.onnx]: name for name, names in lesson.DTYPES.items()}
 # The plugin node's attribute that selects its fused form: 1 takes [X, R, W], writes [Y, S = X + R].
 RESIDUAL_ATTRIBUTE = "residual"
 # Its FP8 form: quantize=1 writes Y as FLOAT8E4M3FN, y / y_scale rounded to nearest even, saturated.
@@ -189,7 +207,8 @@ QUANTIZE_ATTRIBUTE, Y_SCALE_ATTRIBUTE = "quantize", "y_scale"
 
 
 def declare_schemas():
-    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the plugin's op."""
+    """Give onnx.checker the schemas of SimplifiedLayerNormalization (onnxruntime's) and of the
+    plugin's op."""
     def parameter(name, dtypes, option="Single"):
         option = getattr(onnx.defs.OpSchema.FormalParameterOption, option)
         # A variadic list may mix dtypes (R has X's, W its own), so it is declared heterogeneous.
@@ -208,15 +227,15 @@ def declare_schemas():
     schemas = [("SimplifiedLayerNormalization", [parameter("X", "T"), parameter("scale", "V")],
                 [parameter("Y", "V"), parameter("inv_std_var", "U", "Optional")],
                 [attribute("axis", -1), attribute("epsilon", 1e-5), attribute("stash_type", 1)]),
-               (sample.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
+               (lesson.PLUGIN_NAME, [parameter("X", "T"), parameter("R_and_W", "V", "Variadic")],
                 [parameter("Y", "Q"), parameter("S", "T", "Optional")],
-                [attribute("epsilon", sample.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
+                [attribute("epsilon", lesson.DEFAULT_EPSILON), attribute(RESIDUAL_ATTRIBUTE, 0),
                  attribute(QUANTIZE_ATTRIBUTE, 0),
                  # no default: y_scale is absent unless quantize is 1
                  onnx.defs.OpSchema.Attribute(Y_SCALE_ATTRIBUTE, onnx.defs.OpSchema.AttrType.FLOAT,
                                               "", required=False),
-                 attribute("plugin_version", sample.PLUGIN_VERSION),
-                 attribute("plugin_namespace", sample.PLUGIN_NAMESPACE)])]
+                 attribute("plugin_version", lesson.PLUGIN_VERSION),
+                 attribute("plugin_namespace", lesson.PLUGIN_NAMESPACE)])]
     for name, inputs, outputs, attributes in schemas:
         if not onnx.defs.has(name):
             onnx.defs.register_schema(onnx.defs.OpSchema(
@@ -233,17 +252,18 @@ def load_model(path: str) -> ir.Model:
         model = ir.load(path)
     except Exception as exc:  # protobuf's DecodeError, the checker's ValidationError, OSError, ...
         detail = " ".join(str(exc).split())[:200]
-        raise sample.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
-    # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it fills in
-    # what the exporter left untyped and does not fail on ops it has no rule for, or on an exporter's
-    # type annotation it disagrees with.
+        raise lesson.UsageError(f"'{path}' is not a valid ONNX model ({detail})") from None
+    # Inference sees the graph without its large weights (onnx-ir passes their shapes only); it
+    # fills in what the exporter left untyped and does not fail on ops it has no rule for, or on
+    # an exporter's type annotation it disagrees with.
     ShapeInferencePass(strict_mode=False, check_type=False)(model)
     return model
 
 
 def external_data_dirs(model: ir.Model) -> set:
     """The directories whose files hold the model's external weights."""
-    return {os.path.abspath(value.const_value.base_dir) for value in model.graph.initializers.values()
+    return {os.path.abspath(value.const_value.base_dir)
+            for value in model.graph.initializers.values()
             if isinstance(value.const_value, ir.ExternalTensor)}
 
 
@@ -271,7 +291,8 @@ def external_data_dirs(model: ir.Model) -> set:
 
 @dataclasses.dataclass(frozen=True)
 class Replaced:
-    """One RMSNorm now computed by the plugin: where it reads and writes, and how each side rounds."""
+    """One RMSNorm now computed by the plugin: where it reads and writes, and how each side
+    rounds."""
 
     name: str
     form: str
@@ -281,7 +302,8 @@ class Replaced:
     epsilon: float
     dtype: str         # X's, and the plugin's Y
     scale_dtype: str
-    cast: str          # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
+    # "absorbed": the Cast back to X's dtype is gone; "appended": Y is cast to scale's dtype
+    cast: str
     fused: str = ""    # the fused form: what it adds, for the report; "" where the node is alone
     alone: str = ""    # why the node is alone: its X is no Add of two like activations
     sum: str = ""      # S as the original names it, compared too; "" where it has no such tensor
@@ -300,41 +322,49 @@ def simplified_layer_normalization(op, x, skip, scale, epsilon):
 
 
 def decomposed(op, stats, scale, epsilon):
-    """The chain torch writes below opset 23 from `stats`: Pow or x*x, the mean, Reciprocal(Sqrt) or Div by it,
-    an optional Cast, the weight (Gemma's 1 + w, folded or not, is a weight like any other)."""
-    # (Each backtracking alternative carries a tag_var, which onnxscript 0.7's commute() needs to copy it.)
+    """The chain torch writes below opset 23 from `stats`: Pow or x*x, the mean, Reciprocal(Sqrt)
+    or Div by it, an optional Cast, the weight (Gemma's 1 + w, folded or not, is a weight like any
+    other)."""
+    # (Each backtracking alternative carries a tag_var, which onnxscript 0.7's commute() needs to
+    # copy it.)
     square = pattern.OrValue([op.Pow(stats, 2.0), op.Mul(stats, stats)])
-    rms = op.Sqrt(op.Add(op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"]), epsilon))
-    normalized = pattern.OrValue([op.Mul(stats, op.Reciprocal(rms)), op.Mul(stats, op.Div(1.0, rms)),
+    mean = op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"])
+    rms = op.Sqrt(op.Add(mean, epsilon))
+    normalized = pattern.OrValue([op.Mul(stats, op.Reciprocal(rms)),
+                                  op.Mul(stats, op.Div(1.0, rms)),
                                   op.Div(stats, rms)], tag_var="divide")
-    return op.Mul(pattern.OrValue([op.Cast(normalized), normalized], tag_var="cast_normalized"), scale,
-                  _outputs=["norm"])
+    cast = pattern.OrValue([op.Cast(normalized), normalized], tag_var="cast_normalized")
+    return op.Mul(cast, scale, _outputs=["norm"])
 
 
 def decomposed_after_cast(op, x, skip, scale, epsilon):
-    """The chain on X cast to FP32 first, as transformers' RMSNorms do: the plugin takes X before the Cast."""
+    """The chain on X cast to FP32 first, as transformers' RMSNorms do: the plugin takes X before
+    the Cast."""
     return decomposed(op, op.Cast(x, _outputs=["stats"]), scale, epsilon)
 
 
 def decomposed_in_x_dtype(op, x, skip, scale, epsilon):
-    """The chain on X itself: an FP32 X, or a Cast whose output something else uses too (it stays)."""
+    """The chain on X itself: an FP32 X, or a Cast whose output something else uses too (it
+    stays)."""
     return decomposed(op, x, scale, epsilon)
 
 
 def skip_simplified_layer_normalization(op, x, skip, scale, epsilon):
     """onnxruntime-genai's residual add and RMSNorm in one op; the last one writes only the norm."""
-    return op.SkipSimplifiedLayerNormalization(x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True,
-                                               _outputs=["norm"])
+    return op.SkipSimplifiedLayerNormalization(x, skip, scale, _domain="com.microsoft",
+                                               _allow_other_inputs=True, _outputs=["norm"])
 
 
 def skip_simplified_layer_normalization_and_sum(op, x, skip, scale, epsilon):
     """The same op also writing the sum (its fourth output), the next layer's residual."""
     norm, _, _, total = op.SkipSimplifiedLayerNormalization(
-        x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True, _outputs=["norm", None, None, "total"])
+        x, skip, scale, _domain="com.microsoft", _allow_other_inputs=True,
+        _outputs=["norm", None, None, "total"])
     return norm, total
 
 
-FORMS = (rms_normalization, simplified_layer_normalization, decomposed_after_cast, decomposed_in_x_dtype)
+FORMS = (rms_normalization, simplified_layer_normalization, decomposed_after_cast,
+         decomposed_in_x_dtype)
 SKIP_FORMS = (skip_simplified_layer_normalization, skip_simplified_layer_normalization_and_sum)
 DEFAULT_EPSILONS = {"RMSNormalization": 1e-5, "SimplifiedLayerNormalization": 1e-5,
                     "SkipSimplifiedLayerNormalization": 1e-12}  # ONNX's and onnxruntime's defaults
@@ -352,7 +382,8 @@ def constant(value):
 
 
 class PluginRule(pattern.RewriteRuleClassBase):
-    """One form, optionally followed by a Cast back to X's dtype, rewritten to an RmsNormPlugin node."""
+    """One form, optionally followed by a Cast back to X's dtype, rewritten to an RmsNormPlugin
+    node."""
 
     def __init__(self, form, cast_back: bool, found: dict):
         super().__init__(form.__name__ + (" + Cast" if cast_back else ""))
@@ -366,11 +397,15 @@ class PluginRule(pattern.RewriteRuleClassBase):
         node = norm.producer()
         dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
         if self.cast_back and DTYPE_NAMES.get(ir.DataType(to.as_int())) != dtype:
-            return pattern.MatchResult().fail("not a Cast back to X's dtype")  # the plain form decides
-        used = [k for k, v in enumerate(node.outputs) if k and v is not None and (v.uses() or v.is_graph_output())]
-        if self.form in SKIP_FORMS and (3 in used) != (self.form is skip_simplified_layer_normalization_and_sum):
-            return pattern.MatchResult().fail("the other skip form writes the sum")  # (onnxscript 0.7 matches
-            # a pattern of four outputs on a node of one, and one output on a node whose others are used)
+            # The plain form decides.
+            return pattern.MatchResult().fail("not a Cast back to X's dtype")
+        used = [k for k, v in enumerate(node.outputs)
+                if k and v is not None and (v.uses() or v.is_graph_output())]
+        writes_sum = self.form is skip_simplified_layer_normalization_and_sum
+        if self.form in SKIP_FORMS and (3 in used) != writes_sum:
+            # onnxscript 0.7 matches a pattern of four outputs on a node of one, and one output on
+            # a node whose others are used.
+            return pattern.MatchResult().fail("the other skip form writes the sum")
         if node.op_type in NORM_OPS:
             epsilon = node.attributes.get_float("epsilon", DEFAULT_EPSILONS[node.op_type])
         else:  # the decomposed chain: its constant
@@ -381,20 +416,21 @@ class PluginRule(pattern.RewriteRuleClassBase):
         name = node_name(node)
         if reason:
             self.found["left"][name] = reason
-            self.found["matched"].update(n.name for n in (node, mean and mean.producer()) if n is not None)
+            matched = (node, mean and mean.producer())
+            self.found["matched"].update(n.name for n in matched if n is not None)
             return pattern.MatchResult().fail(reason)
         cast = "absorbed" if self.cast_back and dtype != scale_dtype else (
             "appended" if dtype != scale_dtype else "")
         self.found["left"].pop(name, None)
-        self.pending = Replaced(name, self.name, (), scale.name, "", sample.validate_epsilon(epsilon), dtype,
-                                scale_dtype, cast)
+        self.pending = Replaced(name, self.name, (), scale.name, "",
+                                lesson.validate_epsilon(epsilon), dtype, scale_dtype, cast)
         return pattern.MatchResult()
 
     def rewrite(self, op, x, skip, scale, norm, out=None, total=None, **_):
         node, replaced = norm.producer(), self.pending
         plugin = dict(_name=replaced.name, epsilon=replaced.epsilon,
-                      plugin_version=sample.PLUGIN_VERSION,
-                      plugin_namespace=sample.PLUGIN_NAMESPACE)
+                      plugin_version=lesson.PLUGIN_VERSION,
+                      plugin_namespace=lesson.PLUGIN_NAMESPACE)
         parts, r, record = (x,), None, {}
         if self.form in SKIP_FORMS:
             bias = node.inputs[3] if len(node.inputs) > 3 else None  # the optional fourth input
@@ -483,30 +519,35 @@ def why_not_served(node, x, scale, epsilon, stats, mean) -> str | None:
             return "stash_type is not 1 (FP32); the plugin computes in FP32"
     else:
         reduce = mean.producer()
-        axes = constant(reduce.inputs[1]) if len(reduce.inputs) > 1 else reduce.attributes.get_ints("axes", None)
-        if axes is None or [a % rank if -rank <= a < rank else a for a in np.ravel(axes)] != [rank - 1]:
-            return f"its mean is over axes {None if axes is None else list(np.ravel(axes))}; the plugin " \
-                   "normalizes over the last axis only"
+        if len(reduce.inputs) > 1:
+            axes = constant(reduce.inputs[1])
+        else:
+            axes = reduce.attributes.get_ints("axes", None)
+        listed = None if axes is None else list(np.ravel(axes))
+        if axes is None or [a % rank if -rank <= a < rank else a for a in listed] != [rank - 1]:
+            return (f"its mean is over axes {listed}; the plugin normalizes over the last axis "
+                    "only")
         if reduce.attributes.get_int("keepdims", 1) != 1:
             return "its mean drops the reduced axis (keepdims=0)"
         if stats.dtype != ir.DataType.FLOAT:
-            return f"it computes its statistics in {DTYPE_NAMES.get(stats.dtype, stats.dtype)}; the plugin " \
-                   "computes them in FP32"
+            return (f"it computes its statistics in {DTYPE_NAMES.get(stats.dtype, stats.dtype)}; "
+                    "the plugin computes them in FP32")
     hidden = shape[-1]
     if not isinstance(hidden, int):
         return "the last dimension of X is dynamic; the plugin compiles it into the kernel"
-    if not 1 <= hidden <= sample.MAX_HIDDEN:
-        return f"the last dimension of X is {hidden}, outside [1, {sample.MAX_HIDDEN}]"
+    if not 1 <= hidden <= lesson.MAX_HIDDEN:
+        return f"the last dimension of X is {hidden}, outside [1, {lesson.MAX_HIDDEN}]"
     if scale.shape is None or list(scale.shape) != [hidden]:
-        return f"scale must be 1-D of length {hidden}, got shape {None if scale.shape is None else list(scale.shape)}"
+        got = None if scale.shape is None else list(scale.shape)
+        return f"scale must be 1-D of length {hidden}, got shape {got}"
     dtype, scale_dtype = (DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in (x, scale))
-    if dtype not in sample.ACTIVATION_DTYPES or scale_dtype not in sample.WEIGHT_DTYPES:
-        return f"X is {dtype} and scale {scale_dtype}; the plugin takes X of {list(sample.ACTIVATION_DTYPES)} " \
-               f"and scale of {list(sample.WEIGHT_DTYPES)}"
+    if dtype not in lesson.ACTIVATION_DTYPES or scale_dtype not in lesson.WEIGHT_DTYPES:
+        return (f"X is {dtype} and scale {scale_dtype}; the plugin takes X of "
+                f"{list(lesson.ACTIVATION_DTYPES)} and scale of {list(lesson.WEIGHT_DTYPES)}")
     if epsilon is None:
         return "its epsilon is not one constant"
     try:
-        sample.validate_epsilon(epsilon)
+        lesson.validate_epsilon(epsilon)
     except ValueError:
         return f"epsilon {epsilon:g} is not finite and > 0 in float32, as the plugin requires"
     return None
@@ -552,7 +593,7 @@ def fuse_residual_adds(found: dict):
         total, graph = add.outputs[0], node.graph
         cast = node.inputs[0].producer() if node.inputs[0] is not total else None
         attributes = {name: attribute.value for name, attribute in node.attributes.items()}
-        fused = ir.node(sample.PLUGIN_NAME, [*add.inputs, node.inputs[1]],
+        fused = ir.node(lesson.PLUGIN_NAME, [*add.inputs, node.inputs[1]],
                         {**attributes, RESIDUAL_ATTRIBUTE: 1}, num_outputs=2, name=node.name)
         found["replaced"][k] = dataclasses.replace(
             record, x=tuple(v.name for v in add.inputs), sum=total.name,
@@ -628,7 +669,7 @@ def why_not_folded(y: ir.Value, quantize: ir.Node) -> str | None:
     if quantize.attributes.get_int("saturate", 1) != 1:
         return "it has saturate=0 (out-of-range values become NaN); the plugin saturates at 448"
     try:
-        sample.validate_y_scale(float(scale.ravel()[0]))
+        fused.validate_y_scale(float(scale.ravel()[0]))
     except ValueError:
         return f"its scale {float(scale.ravel()[0]):g} is not finite and >= 2^-126, as the " \
                "plugin requires"
@@ -647,9 +688,9 @@ def fold_quantizes(found: dict):
         if why:
             found["left"][name] = f"a QuantizeLinear after {record.name}, not folded: {why}"
             continue
-        y_scale = sample.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
+        y_scale = fused.validate_y_scale(float(constant(quantize.inputs[1]).ravel()[0]))
         attributes = {key: attribute.value for key, attribute in node.attributes.items()}
-        folded = ir.node(sample.PLUGIN_NAME, list(node.inputs),
+        folded = ir.node(lesson.PLUGIN_NAME, list(node.inputs),
                          {**attributes, QUANTIZE_ATTRIBUTE: 1, Y_SCALE_ATTRIBUTE: y_scale},
                          num_outputs=len(node.outputs), name=node.name)
         old = [quantize.outputs[0], *node.outputs[1:]]  # Y takes the Quantize's output and name
@@ -678,21 +719,28 @@ def rewrite_model(model: ir.Model):
     """
     found = {"replaced": [], "nodes": [], "left": {}, "matched": set()}
     for cast_back in (True, False):
-        rules = [PluginRule(form, cast_back, found) for form in FORMS + (SKIP_FORMS if not cast_back else ())]
-        pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules],
-                               commute=True).apply_to_model(model)
+        forms = FORMS + (SKIP_FORMS if not cast_back else ())
+        rules = [PluginRule(form, cast_back, found) for form in forms]
+        pattern.RewriteRuleSet([pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name)
+                                for r in rules], commute=True).apply_to_model(model)
     fuse_residual_adds(found)
     fold_quantizes(found)
-    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of squares, in the
-    # graph, its subgraphs and the model's functions (which apply_to_model rewrites too).
-    for node in (n for g in (model.graph, *model.functions.values()) for n in ir.traversal.RecursiveGraphIterator(g)):
-        square = node.inputs[0].producer() if node.op_type == "ReduceMean" and node.inputs else None
-        is_square = square is not None and (square.op_type == "Pow" and constant(square.inputs[1]) == 2
-                                            or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
+    # What no form matched but still looks like an RMSNorm: an op of that kind, or a mean of
+    # squares, in the graph, its subgraphs and the model's functions (which apply_to_model rewrites
+    # too).
+    graphs = (model.graph, *model.functions.values())
+    for node in (n for g in graphs for n in ir.traversal.RecursiveGraphIterator(g)):
+        square = None
+        if node.op_type == "ReduceMean" and node.inputs:
+            square = node.inputs[0].producer()
+        is_square = square is not None and (
+            square.op_type == "Pow" and constant(square.inputs[1]) == 2
+            or square.op_type == "Mul" and square.inputs[0] is square.inputs[1])
         name = node_name(node)
-        if (node.op_type in NORM_OPS or is_square) and name not in found["left"].keys() | found["matched"]:
-            found["left"][name] = f"a {node.op_type} that matches no form served (or a value inside it is " \
-                                  "also used elsewhere)"
+        seen = found["left"].keys() | found["matched"]
+        if (node.op_type in NORM_OPS or is_square) and name not in seen:
+            found["left"][name] = (f"a {node.op_type} that matches no form served (or a value "
+                                   "inside it is also used elsewhere)")
     return found["replaced"], found["left"]
 
 
@@ -705,7 +753,7 @@ def print_report(replaced: list, left: dict):
     groups = (("Fused with their residual Add into", [r for r in replaced if r.fused]),
               ("Replaced alone by", [r for r in replaced if not r.fused]))
     for heading, nodes in groups:
-        print(f"{heading} {sample.PLUGIN_NAME} ({len(nodes)}):")
+        print(f"{heading} {lesson.PLUGIN_NAME} ({len(nodes)}):")
         for node in nodes:
             cast = {"absorbed": ", absorbing the Cast back",  # (a folded node has no appended Cast)
                     "appended": ", Y cast to the scale's dtype"}.get(node.cast, "")
@@ -719,7 +767,8 @@ def print_report(replaced: list, left: dict):
 
 
 def save_model(model: ir.Model, path: str):
-    """Write `model` to `path` through a temporary file beside it; external weights stay where they are.
+    """Write `model` to `path` through a temporary file beside it; external weights stay where
+    they are.
 
     The rewritten graph refers to the same external data files by relative
     path, so it is written into their directory; nothing a user saved is left
@@ -728,14 +777,14 @@ def save_model(model: ir.Model, path: str):
     folder = os.path.dirname(os.path.abspath(path))
     elsewhere = external_data_dirs(model) - {folder}
     if elsewhere:
-        raise sample.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the model's external "
-                                "data, which the rewritten model refers to")
+        raise lesson.UsageError(f"-o '{path}' must be in '{sorted(elsewhere)[0]}', beside the "
+                                "model's external data, which the rewritten model refers to")
     temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
         ir.save(model, temporary)
         os.replace(temporary, path)
     except OSError as exc:
-        raise sample.UsageError(f"cannot write -o '{path}' ({exc.strerror})") from None
+        raise lesson.UsageError(f"cannot write -o '{path}' ({exc.strerror})") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
@@ -754,41 +803,46 @@ def model_inputs(model: ir.Model) -> list:
 
 
 def input_profile(model: ir.Model, args) -> dict:
-    """{input name: (min, opt, max) shapes}; UsageError naming a dimension the flags cannot describe."""
+    """{input name: (min, opt, max) shapes}; UsageError naming a dimension the flags cannot
+    describe."""
     named = {p: getattr(args, f"{p}_shapes") or {} for p in ("min", "opt", "max")}
     inputs = {v.name: v for v in model_inputs(model)}
     unknown = sorted(set(named["min"]) - set(inputs))
     if unknown:
-        raise sample.UsageError(f"the model has no input '{unknown[0]}' (its inputs: {', '.join(inputs)})")
+        raise lesson.UsageError(f"the model has no input '{unknown[0]}' (its inputs: "
+                                f"{', '.join(inputs)})")
     sizes = {}  # dimension name -> (min, opt, max), from the named inputs
     for name in named["min"]:
         dims = list(inputs[name].shape or [])
         given = [named[p][name] for p in ("min", "opt", "max")]
         if any(len(shape) != len(dims) for shape in given):
-            raise sample.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given for it are "
+            raise lesson.UsageError(f"input '{name}' has rank {len(dims)}, but the shapes given "
+                                    "for it are "
                                     + ", ".join("x".join(map(str, s)) for s in given))
         for axis, dim in enumerate(dims):
             values = tuple(shape[axis] for shape in given)
             if isinstance(dim, int) and values != (dim,) * 3:
-                raise sample.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
+                raise lesson.UsageError(f"input '{name}' dimension {axis} is {dim}, not {values}")
             if not values[0] <= values[1] <= values[2]:
-                raise sample.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= max, got {values}")
+                raise lesson.UsageError(f"input '{name}' dimension {axis} needs min <= opt <= "
+                                        f"max, got {values}")
             key = dim.value if not isinstance(dim, int) and dim.value else f"{name}[{axis}]"
             if sizes.setdefault(key, values) != values:
-                raise sample.UsageError(f"dimension '{key}' is {sizes[key]} in one input and {values} in '{name}'")
+                raise lesson.UsageError(f"dimension '{key}' is {sizes[key]} in one input and "
+                                        f"{values} in '{name}'")
     tokens, token_dimension, profile = (args.min_tokens, args.opt_tokens, args.max_tokens), None, {}
     for name, value in inputs.items():
         if value.shape is None or value.dtype is None:
-            raise sample.UsageError(f"model input '{name}' needs a known shape and dtype")
+            raise lesson.UsageError(f"model input '{name}' needs a known shape and dtype")
         dims = []
         for axis, dim in enumerate(value.shape):
             key = dim if isinstance(dim, int) else dim.value or f"{name}[{axis}]"
             if not isinstance(key, int) and key not in sizes:
                 if token_dimension is not None:
-                    raise sample.UsageError(
+                    raise lesson.UsageError(
                         f"input '{name}' dimension '{key}' is a second dynamic dimension besides "
-                        f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the inputs' shapes "
-                        "with --min-shapes, --opt-shapes and --max-shapes")
+                        f"'{token_dimension}', and --min/--opt/--max-tokens set one; give the "
+                        "inputs' shapes with --min-shapes, --opt-shapes and --max-shapes")
                 token_dimension, sizes[key] = key, tokens
             dims.append((key,) * 3 if isinstance(key, int) else sizes[key])
         profile[name] = tuple(tuple(d[k] for d in dims) for k in range(3))
@@ -802,7 +856,8 @@ def input_profile(model: ir.Model, args) -> dict:
 # table's row count, a mask ones, positions 0, 1, 2, ... along the last axis.
 
 
-INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.BOOL: torch.bool}
+INTEGER_DTYPES = {ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32,
+                  ir.DataType.BOOL: torch.bool}
 
 
 def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
@@ -812,24 +867,28 @@ def input_values(model: ir.Model, shapes: dict, seed: int) -> dict:
     for value in model_inputs(model):
         name, shape = value.name, shapes[value.name]
         if value.dtype in DTYPE_NAMES:
-            dtype = getattr(torch, sample.DTYPES[DTYPE_NAMES[value.dtype]].torch)
+            dtype = getattr(torch, lesson.DTYPES[DTYPE_NAMES[value.dtype]].torch)
             values[name] = torch.randn(shape, generator=gen).to(dtype)
             continue
         if value.dtype not in INTEGER_DTYPES:
-            raise sample.UsageError(f"model input '{name}' is {value.dtype}; the comparison feeds float16, bfloat16, "
-                                    "float32 and integer inputs")
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype}; the comparison "
+                                    "feeds float16, bfloat16, float32 and integer inputs")
         dtype = INTEGER_DTYPES[value.dtype]
-        tables = [user.inputs[0].shape for user, index in value.uses() if user.op_type == "Gather" and index == 1]
+        tables = [user.inputs[0].shape for user, index in value.uses()
+                  if user.op_type == "Gather" and index == 1]
         if "mask" in name.lower():
             values[name] = torch.ones(shape, dtype=dtype)
         elif "position" in name.lower():
-            values[name] = (torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous() if shape else
-                            torch.zeros((), dtype=dtype))
+            if shape:
+                values[name] = torch.arange(shape[-1], dtype=dtype).expand(shape).contiguous()
+            else:
+                values[name] = torch.zeros((), dtype=dtype)
         elif tables and tables[0] is not None and isinstance(tables[0][0], int):
             values[name] = torch.randint(0, tables[0][0], shape, generator=gen).to(dtype)
         else:
-            raise sample.UsageError(f"model input '{name}' is {value.dtype} but neither token ids (a Gather's "
-                                    "indices), a mask nor positions, so the comparison cannot choose its values")
+            raise lesson.UsageError(f"model input '{name}' is {value.dtype} but neither token ids "
+                                    "(a Gather's indices), a mask nor positions, so the comparison "
+                                    "cannot choose its values")
     return values
 
 
@@ -850,7 +909,8 @@ def beside_its_data(model: ir.Model):
                 link = os.path.join(folder, tensor.location)
                 if not os.path.lexists(link):
                     os.makedirs(os.path.dirname(link), exist_ok=True)
-                    os.symlink(os.path.join(os.path.abspath(tensor.base_dir), tensor.location), link)
+                    target = os.path.join(os.path.abspath(tensor.base_dir), tensor.location)
+                    os.symlink(target, link)
         path = os.path.join(folder, "model_rmsnorm.onnx")
         ir.save(model, path)
         yield path
@@ -860,12 +920,13 @@ def build_engine(path: str, watched: list, profile: dict):
     """Parse the model at `path`, also mark `watched` as outputs, and build it for `profile`."""
     from polygraphy.backend.trt import modify_network_outputs, network_from_onnx_path
 
-    sample.register_creator()  # the parser looks an op type it does not know up in the registry
-    with sample.tensorrt_stage("ONNX parse"):
+    fused.register_creator()  # the parser looks an op type it does not know up in the registry
+    with lesson.tensorrt_stage("ONNX parse"):
         builder, network, parser = network_from_onnx_path(path, strongly_typed=True)
         outputs = [network.get_output(i).name for i in range(network.num_outputs)]
-        network = modify_network_outputs((builder, network, parser), outputs=list(dict.fromkeys(outputs + watched)))
-    return sample.build_from_network(network, profile)
+        network = modify_network_outputs((builder, network, parser),
+                                         outputs=list(dict.fromkeys(outputs + watched)))
+    return lesson.build_from_network(network, profile)
 
 
 # %% [7] Run and compare --------------------------------------------------------
@@ -892,13 +953,14 @@ def build_engine(path: str, watched: list, profile: dict):
 # up to 2u on either side.
 
 FP32_NOISE = 2.0 ** -18
-TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in sample.DTYPES.values()},
-                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}  # TensorRT's name -> torch's
+# TensorRT's name of a dtype -> torch's.
+TORCH_DTYPES = {**{names.trt: getattr(torch, names.torch) for names in lesson.DTYPES.values()},
+                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}
 
 
 def rounding_error(dtype: str) -> float:
     """u: the largest relative error of one rounding to `dtype`, 2^-(fraction bits + 1)."""
-    return torch.finfo(getattr(torch, sample.DTYPES[dtype].torch)).eps / 2
+    return torch.finfo(getattr(torch, lesson.DTYPES[dtype].torch)).eps / 2
 
 
 def roundings(node: Replaced):
@@ -906,8 +968,8 @@ def roundings(node: Replaced):
     where the node names one, else the exact sum of node.x) to the compared Y, or for a folded
     node to the y that the FP8 rounding then takes."""
     ours = [node.dtype] + ([node.scale_dtype] if node.cast == "appended" else [])
-    theirs = [node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else []) + [node.scale_dtype] \
-        + ([node.dtype] if node.cast == "absorbed" else [])
+    theirs = ([node.dtype] + ([node.scale_dtype] if node.scale_dtype != node.dtype else [])
+              + [node.scale_dtype] + ([node.dtype] if node.cast == "absorbed" else []))
     if node.quantized:  # before the FP8 rounding: the plugin's y is FP32, the Quantize divides y
         ours, theirs = [], theirs + theirs[-1:]  # in its input's dtype
     if not node.sum:
@@ -919,19 +981,21 @@ def roundings(node: Replaced):
 
 
 def onnx_tolerance(dtypes) -> float:
-    """Relative bound of a computation rounding to each of `dtypes` in turn, against exact RMSNorm."""
+    """Relative bound of a computation rounding to each of `dtypes` in turn, against exact
+    RMSNorm."""
     return math.prod(1 + rounding_error(d) for d in dtypes) - 1 + FP32_NOISE
 
 
 def side_tolerance(dtypes, magnitude, scale):
     """Largest |one side - exact RMSNorm| where that is `magnitude`, rounding to `dtypes`."""
-    spacings = [torch.finfo(getattr(torch, sample.DTYPES[d].torch)) for d in dtypes]
+    spacings = [torch.finfo(getattr(torch, lesson.DTYPES[d].torch)) for d in dtypes]
     subnormal = sum(f.tiny * f.eps / 2 for f in spacings)
     return onnx_tolerance(dtypes) * magnitude + subnormal * (1 + np.abs(scale))
 
 
 def engines_tolerance(node: Replaced, magnitude, scale):
-    """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is `magnitude`."""
+    """Largest |plugin - TensorRT's import| at `node`'s output where exact RMSNorm is
+    `magnitude`."""
     ours, theirs = roundings(node)
     return side_tolerance(ours, magnitude, scale) + side_tolerance(theirs, magnitude, scale)
 
@@ -948,22 +1012,25 @@ def bind_inputs(engine, context, feeds: dict):
 
 
 def bind(engine, feeds: dict):
-    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs bound."""
+    """(execution context, {output name: torch CUDA tensor}) with `feeds` and fresh outputs
+    bound."""
     context = engine.create_execution_context()
     bind_inputs(engine, context, feeds)
     outputs = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        if engine.get_tensor_mode(name) == sample.trt.TensorIOMode.OUTPUT:
+        if engine.get_tensor_mode(name) == lesson.trt.TensorIOMode.OUTPUT:
             dtype = TORCH_DTYPES.get(trt_dtype := engine.get_tensor_dtype(name).name)
             if dtype is None:
-                raise sample.UsageError(f"model output '{name}' is {trt_dtype}; the comparison reads outputs of "
-                                        f"{', '.join(TORCH_DTYPES)}")
-            outputs[name] = torch.zeros(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+                raise lesson.UsageError(f"model output '{name}' is {trt_dtype}; the comparison "
+                                        f"reads outputs of {', '.join(TORCH_DTYPES)}")
+            shape = tuple(context.get_tensor_shape(name))
+            outputs[name] = torch.zeros(shape, dtype=dtype, device="cuda")
+            # An element the engine leaves unwritten fails the check.
             if dtype.itemsize == 1 and dtype.is_floating_point:
-                outputs[name].view(torch.uint8).fill_(0x7F)  # E4M3FN's NaN: unwritten fails too
+                outputs[name].view(torch.uint8).fill_(0x7F)  # E4M3FN's NaN
             elif dtype.is_floating_point:
-                outputs[name].fill_(float("nan"))  # an element the engine leaves unwritten fails the check
+                outputs[name].fill_(float("nan"))
             context.set_tensor_address(name, outputs[name].data_ptr())
     return context, outputs
 
@@ -974,7 +1041,7 @@ def run_engine(engine, feeds: dict) -> dict:
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()  # the inputs were written on torch's stream
     if not context.execute_async_v3(stream.cuda_stream):
-        raise sample.TensorRTError("TensorRT could not run the engine; its log above says why")
+        raise lesson.TensorRTError("TensorRT could not run the engine; its log above says why")
     stream.synchronize()
     return {name: value.double().cpu().numpy() for name, value in outputs.items()}
 
@@ -999,7 +1066,7 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
         return sum(value_of(run, values, part) for part in node.x)
 
     scale = value_of(theirs, values, node.scale)
-    exact_ours, exact_theirs = (sample.rms_norm_reference(x(run), scale, node.epsilon)
+    exact_ours, exact_theirs = (lesson.rms_norm_reference(x(run), scale, node.epsilon)
                                 for run in (ours, theirs))
     a, b = ours[node.y], theirs[node.y]
     if node.quantized:
@@ -1010,8 +1077,8 @@ def check_replaced(ours: dict, theirs: dict, values: dict, node: Replaced):
                  for exact, dtypes in zip((exact_ours, exact_theirs), roundings(node))]
         low = np.minimum(*(exact - reach for exact, reach in sides))
         high = np.maximum(*(exact + reach for exact, reach in sides))
-        bound = sample.quantize_reference(high, node.y_scale) \
-            - sample.quantize_reference(low, node.y_scale)
+        bound = fused.quantize_reference(high, node.y_scale) \
+            - fused.quantize_reference(low, node.y_scale)
     else:
         bound = np.abs(exact_ours - exact_theirs) + engines_tolerance(
             node, np.maximum(np.abs(exact_ours), np.abs(exact_theirs)), scale)
@@ -1024,7 +1091,7 @@ def check_sum(ours: dict, theirs: dict, values: dict, node: Replaced):
     node.x differ by what earlier nodes carried, and each add errs by u of the parts' sizes."""
     parts = [[value_of(run, values, name) for name in node.x] for run in (ours, theirs)]
     adds = [node.dtype] * (len(node.x) - 1)
-    spacing = torch.finfo(getattr(torch, sample.DTYPES[node.dtype].torch))
+    spacing = torch.finfo(getattr(torch, lesson.DTYPES[node.dtype].torch))
     subnormal = len(adds) * spacing.tiny * spacing.eps / 2  # half the subnormal spacing per add
     bound = np.abs(sum(parts[0]) - sum(parts[1])) + sum(
         onnx_tolerance(adds) * sum(np.abs(part) for part in side) + subnormal for side in parts)
@@ -1068,15 +1135,17 @@ def verdict(ratios: list) -> str:
 
 
 def one_node_model(args) -> ir.Model:
-    """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to X's dtype
-    where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin absorbs it."""
-    dtype, w_dtype = (ir.DataType[sample.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
-    _, weights = sample.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
-    x = ir.Value(name="X", type=ir.TensorType(dtype), shape=ir.Shape(["num_tokens", args.hidden_dim]))
+    """ONNX's RMSNormalization over X [num_tokens, hidden], scale an initializer; a Cast back to
+    X's dtype where the scale's differs (ONNX gives Y the scale's dtype), so that the plugin
+    absorbs it."""
+    dtype, w_dtype = (ir.DataType[lesson.DTYPES[d].onnx] for d in (args.dtype, args.weight_dtype))
+    _, weights = lesson.make_inputs(1, args.hidden_dim, args.dtype, args.seed, args.weight_dtype)
+    x = ir.Value(name="X", type=ir.TensorType(dtype),
+                 shape=ir.Shape(["num_tokens", args.hidden_dim]))
     scale = ir.Value(name="W", type=ir.TensorType(w_dtype), shape=ir.Shape([args.hidden_dim]),
                      const_value=ir.tensor(weights, dtype=w_dtype, name="W"))
-    norm = ir.node("RMSNormalization", [x, scale], {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1},
-                   name="rms_norm")
+    attributes = {"axis": -1, "epsilon": float(args.epsilon), "stash_type": 1}
+    norm = ir.node("RMSNormalization", [x, scale], attributes, name="rms_norm")
     nodes, y = [norm], norm.outputs[0]
     y.name, y.dtype, y.shape = "Y", w_dtype, x.shape
     if w_dtype != dtype:
@@ -1084,36 +1153,42 @@ def one_node_model(args) -> ir.Model:
         nodes.append(ir.node("Cast", [y], {"to": dtype}, name="to_x_dtype"))
         y = nodes[-1].outputs[0]
         y.name, y.dtype, y.shape = "Y", dtype, x.shape
-    graph = ir.Graph([x], [y], nodes=nodes, initializers=[scale], opset_imports={"": 23}, name="rms_norm")
+    graph = ir.Graph([x], [y], nodes=nodes, initializers=[scale], opset_imports={"": 23},
+                     name="rms_norm")
     return ir.Model(graph, ir_version=11)
 
 
-def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list, profile: dict, seed: int):
-    """Build both, run both at the profile's min, opt and max, check every replaced node, time both."""
+def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: list,
+            profile: dict, seed: int):
+    """Build both, run both at the profile's min, opt and max, check every replaced node, time
+    both."""
     try:  # first, so that an input it cannot feed is refused before any build
-        inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()}, (seed + k) % 2**64)
+        inputs = [input_values(original, {name: shapes[k] for name, shapes in profile.items()},
+                               (seed + k) % 2**64)
                   for k in range(3)]
     except (MemoryError, RuntimeError) as exc:  # torch's allocation failure is a RuntimeError
-        raise sample.UsageError(f"the model's inputs at the profile's shapes do not fit in host memory "
-                                f"({' '.join(str(exc).split())[:120]})") from None
-    sample.check_environment()
+        raise lesson.UsageError(f"the model's inputs at the profile's shapes do not fit in host "
+                                f"memory ({' '.join(str(exc).split())[:120]})") from None
+    lesson.check_environment()
     watched = list(dict.fromkeys(
         t for node in replaced for t in (*node.x, node.scale, node.y, node.sum)
         if t and t not in original.graph.initializers and t not in profile))
     with beside_its_data(rewritten) as path:
         engines = [build_engine(path, watched, profile), build_engine(model_path, watched, profile)]
     weights = {name: original.graph.initializers[name].const_value.numpy().astype(np.float64)
-               for node in replaced for name in (node.scale, *node.x) if name in original.graph.initializers}
+               for node in replaced for name in (node.scale, *node.x)
+               if name in original.graph.initializers}
     correct, ratios = True, []
     for point, host in zip(("min", "opt", "max"), inputs):
         feeds = {name: value.cuda() for name, value in host.items()}
-        with sample.tensorrt_stage("execution context"):
+        with lesson.tensorrt_stage("execution context"):
             ours, theirs = (run_engine(engine, feeds) for engine in engines)
             times = [time_engine(engine, feeds) for engine in engines]
         values = {**weights, **{name: v.double().numpy() for name, v in host.items()}}
         print(f"  {point}: {', '.join(f'{n} {tuple(v.shape)}' for n, v in feeds.items())}")
         for name in (v.name for v in original.graph.outputs):
-            print(f"    output {name}: max |plugin - TensorRT| = {np.max(np.abs(ours[name] - theirs[name])):.3e}")
+            diff = np.max(np.abs(ours[name] - theirs[name]))
+            print(f"    output {name}: max |plugin - TensorRT| = {diff:.3e}")
         for node in replaced:
             checks = [(node.y, check_replaced)] + ([(node.sum, check_sum)] if node.sum else [])
             for tensor_name, check in checks:  # Y, and a fused node's S
@@ -1122,27 +1197,30 @@ def compare(model_path: str, rewritten: ir.Model, original: ir.Model, replaced: 
                       f"{'ok' if ok else 'MISMATCH'}")
                 correct &= ok
         ratios.append(times[0] / times[1])
-        print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import {times[1]:8.2f} us   "
-              f"plugin / TensorRT {ratios[-1]:.2f}")
+        print(f"    time per call: plugin {times[0]:8.2f} us   TensorRT's import "
+              f"{times[1]:8.2f} us   plugin / TensorRT {ratios[-1]:.2f}")
     print(f"For these shapes: {verdict(ratios)}.")
     return correct
 
 
 def check_flag_values(args):
-    """UsageError unless each flag this script shares with the sample is in the sample's range."""
-    for flag, _, lowest, highest, _ in sample.INT_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"), None)  # --num-tokens is the sample's alone
+    """UsageError unless each flag this script shares with the lesson is in the lesson's range."""
+    for flag, _, lowest, highest, _ in lesson.INT_FLAGS:
+        # --num-tokens is the lesson's alone.
+        value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and not lowest <= value <= highest:
-            raise sample.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
+            raise lesson.UsageError(f"{flag} must be in [{lowest}, {highest}], got {value}")
     if args.epsilon is not None:
         try:
-            sample.validate_epsilon(args.epsilon)
+            lesson.validate_epsilon(args.epsilon)
         except ValueError:
-            raise sample.UsageError(f"--epsilon must be finite and > 0 in float32, got {args.epsilon}") from None
+            raise lesson.UsageError("--epsilon must be finite and > 0 in float32, got "
+                                    f"{args.epsilon}") from None
 
 
 def main(args) -> int:
-    """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT error."""
+    """Exit code 0 every replaced node matched, 1 one did not, 2 usage, environment or TensorRT
+    error."""
     try:
         check_flag_values(args)
         with tempfile.TemporaryDirectory(prefix="rmsnorm-") as folder:
@@ -1157,16 +1235,17 @@ def main(args) -> int:
                 save_model(rewritten, args.output)
                 print(f"Wrote the rewritten model to {args.output}")
             if args.report_only:
-                return sample.EXIT_CORRECT
+                return lesson.EXIT_CORRECT
             if not replaced:
-                raise sample.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing would be compared")
+                raise lesson.UsageError(f"the plugin replaces no RMSNorm of '{path}', so nothing "
+                                        "would be compared")
             profile = input_profile(original, args)
             correct = compare(path, rewritten, original, replaced, profile, args.seed)
-    except (sample.UsageError, sample.TensorRTError) as exc:
+    except (lesson.UsageError, lesson.TensorRTError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return sample.EXIT_USAGE
+        return lesson.EXIT_USAGE
     print("Inference result correct!" if correct else "Inference result incorrect!")
-    return sample.EXIT_CORRECT if correct else sample.EXIT_INCORRECT
+    return lesson.EXIT_CORRECT if correct else lesson.EXIT_INCORRECT
 
 
 if __name__ == "__main__":

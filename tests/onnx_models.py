@@ -66,14 +66,16 @@ def decoder(family: str, dtype: str, seed: int = 0):
 
 
 class LogitsOnly(torch.nn.Module):
-    """(input_ids, attention_mask) -> logits, without a cache: what an exporter's user writes around the model."""
+    """(input_ids, attention_mask) -> logits, without a cache: what an exporter's user writes
+    around the model."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return outputs.logits
 
 
 def example_inputs(index_dtype="int64"):
@@ -97,12 +99,14 @@ def export_dynamo(path, family, dtype, opset=23, external_data=False, index_dtyp
 
 
 def export_torchscript(path, family, dtype, opset=17, fold=True):
-    """The TorchScript exporter (dynamo=False), as Optimum and older scripts use it; fold=False keeps Gemma's
-    1 + w an Add in the graph (do_constant_folding=False)."""
+    """The TorchScript exporter (dynamo=False), as Optimum and older scripts use it; fold=False
+    keeps Gemma's 1 + w an Add in the graph (do_constant_folding=False)."""
     dims = {0: "batch", 1: "sequence"}
-    torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), str(path), dynamo=False, opset_version=opset,
+    torch.onnx.export(LogitsOnly(decoder(family, dtype)), example_inputs(), str(path),
+                      dynamo=False, opset_version=opset,
                       input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                      dynamic_axes={"input_ids": dims, "attention_mask": dims}, do_constant_folding=fold)
+                      dynamic_axes={"input_ids": dims, "attention_mask": dims},
+                      do_constant_folding=fold)
     return path
 
 
@@ -117,9 +121,9 @@ def with_symbolic_shapes(path):
 
 
 def export_genai(folder, target="cuda"):
-    """onnxruntime-genai's model builder on a Llama saved with save_pretrained (and a word-level tokenizer,
-    which the builder copies), in fp16 for `target` ("cuda"; "NvTensorRtRtx" writes the decomposed chain
-    instead of onnxruntime's norms); returns the model's path."""
+    """onnxruntime-genai's model builder on a Llama saved with save_pretrained (and a word-level
+    tokenizer, which the builder copies), in fp16 for `target` ("cuda"; "NvTensorRtRtx" writes the
+    decomposed chain instead of onnxruntime's norms); returns the model's path."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -127,23 +131,30 @@ def export_genai(folder, target="cuda"):
     decoder("llama", "float16").save_pretrained(source)
     vocab = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     vocab.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(source)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="t0", bos_token="t1",
+                                        eos_token="t2")
+    tokenizer.save_pretrained(source)
     out = folder / "genai"
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(out),
-                    "-p", "fp16", "-e", target, "-c", str(folder / "cache")], check=True, capture_output=True,
-                   timeout=600)
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source),
+                    "-o", str(out), "-p", "fp16", "-e", target, "-c", str(folder / "cache")],
+                   check=True, capture_output=True, timeout=600)
     return out / "model.onnx"
 
 
-def one_node_model(x_shape, scale_shape=(HIDDEN,), x_type=TensorProto.FLOAT16, scale_type=None, **attrs):
-    """One RMSNormalization node, X a graph input, scale an initializer; attrs are the node's only attributes
-    (none given: ONNX's defaults apply, as in exporters' output that leaves them out)."""
+def one_node_model(x_shape, scale_shape=(HIDDEN,), x_type=TensorProto.FLOAT16, scale_type=None,
+                   **attrs):
+    """One RMSNormalization node, X a graph input, scale an initializer; attrs are the node's only
+    attributes (none given: ONNX's defaults apply, as in exporters' output that leaves them
+    out)."""
     scale_type = x_type if scale_type is None else scale_type
-    scale = numpy_helper.from_array(np.linspace(0.5, 1.5, int(np.prod(scale_shape))).reshape(scale_shape).astype(
-        helper.tensor_dtype_to_np_dtype(scale_type)), "scale")
+    values = np.linspace(0.5, 1.5, int(np.prod(scale_shape))).reshape(scale_shape)
+    scale = numpy_helper.from_array(values.astype(helper.tensor_dtype_to_np_dtype(scale_type)),
+                                    "scale")
     node = helper.make_node("RMSNormalization", ["X", "scale"], ["Y"], name="norm", **attrs)
-    graph = helper.make_graph([node], "one_norm", [helper.make_tensor_value_info("X", x_type, list(x_shape))],
-                              [helper.make_tensor_value_info("Y", scale_type, list(x_shape))], initializer=[scale])
+    graph = helper.make_graph([node], "one_norm",
+                              [helper.make_tensor_value_info("X", x_type, list(x_shape))],
+                              [helper.make_tensor_value_info("Y", scale_type, list(x_shape))],
+                              initializer=[scale])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     model.ir_version = 11
     return model
@@ -155,13 +166,15 @@ def save(model, path):
 
 
 def genai_style_model(dtype=np.float16, bias=False):
-    """SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization as onnxruntime-genai's builder writes them.
+    """SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization as onnxruntime-genai's
+    builder writes them.
 
-    Written with onnx.helper, mirroring the builder's output for a Llama (``-e cuda -p fp16``, version 0.18):
-    its node names, the norm in ONNX's domain and the skip norms in com.microsoft's, epsilon and nothing else as
-    attributes, ``""`` for the unused mean and inverse-RMS outputs, the fourth output (the residual sum) on all
-    but the last skip norm, and value_info for every tensor. MatMuls stand in for its attention, which TensorRT
-    cannot import (GroupQueryAttention is an onnxruntime op); test_onnx_model.py checks the real builder's
+    Written with onnx.helper, mirroring the builder's output for a Llama (``-e cuda -p fp16``,
+    version 0.18): its node names, the norm in ONNX's domain and the skip norms in
+    com.microsoft's, epsilon and nothing else as attributes, ``""`` for the unused mean and
+    inverse-RMS outputs, the fourth output (the residual sum) on all but the last skip norm, and
+    value_info for every tensor. MatMuls stand in for its attention, which TensorRT cannot import
+    (GroupQueryAttention is an onnxruntime op); test_onnx_model.py checks the real builder's
     output against the same expectations. `dtype` is every tensor's but input_ids' (the builder's
     -p fp32 writes float32); bias=True gives each skip norm the op's optional fourth input, a
     bias, which the builder leaves out.
@@ -170,65 +183,81 @@ def genai_style_model(dtype=np.float16, bias=False):
     elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
     def weight(name, *shape):
-        return numpy_helper.from_array((rng.uniform(-0.5, 1.5, shape) / (shape[0] if len(shape) > 1 else 1)
-                                        ).astype(dtype), name)
+        fan_in = shape[0] if len(shape) > 1 else 1
+        return numpy_helper.from_array((rng.uniform(-0.5, 1.5, shape) / fan_in).astype(dtype), name)
 
     act = ["batch_size", "sequence_length", HIDDEN]
-    embedded, normed, attn = "/model/embed_tokens/Gather/output_0", "/model/layers.0/input_layernorm/output_0", \
-        "/model/layers.0/attn/o_proj/MatMul/output_0"
-    post, residual, mlp = "/model/layers.0/post_attention_layernorm/output_0", \
-        "/model/layers.0/post_attention_layernorm/output_3", "/model/layers.0/mlp/down_proj/MatMul/output_0"
+    embedded = "/model/embed_tokens/Gather/output_0"
+    normed = "/model/layers.0/input_layernorm/output_0"
+    attn = "/model/layers.0/attn/o_proj/MatMul/output_0"
+    post = "/model/layers.0/post_attention_layernorm/output_0"
+    residual = "/model/layers.0/post_attention_layernorm/output_3"
+    mlp = "/model/layers.0/mlp/down_proj/MatMul/output_0"
     final = "/model/layers.1/final_norm_layernorm/output_0"
     nodes = [
-        helper.make_node("Gather", ["model.embed_tokens.weight", "input_ids"], [embedded], name="/model/embed_tokens/Gather"),
-        helper.make_node("SimplifiedLayerNormalization", [embedded, "model.layers.0.input_layernorm.weight"], [normed],
-                         name="/model/layers.0/input_layernorm/LayerNorm", epsilon=1e-6, axis=-1, stash_type=1),
-        helper.make_node("MatMul", [normed, "attn.weight"], [attn], name="/model/layers.0/attn/o_proj/MatMul"),
+        helper.make_node("Gather", ["model.embed_tokens.weight", "input_ids"], [embedded],
+                         name="/model/embed_tokens/Gather"),
+        helper.make_node("SimplifiedLayerNormalization",
+                         [embedded, "model.layers.0.input_layernorm.weight"], [normed],
+                         name="/model/layers.0/input_layernorm/LayerNorm", epsilon=1e-6, axis=-1,
+                         stash_type=1),
+        helper.make_node("MatMul", [normed, "attn.weight"], [attn],
+                         name="/model/layers.0/attn/o_proj/MatMul"),
         helper.make_node("SkipSimplifiedLayerNormalization",
                          [embedded, attn, "model.layers.0.post_attention_layernorm.weight"]
                          + ["bias.0"] * bias,
-                         [post, "", "", residual], name="/model/layers.0/post_attention_layernorm/SkipLayerNorm",
+                         [post, "", "", residual],
+                         name="/model/layers.0/post_attention_layernorm/SkipLayerNorm",
                          domain="com.microsoft", epsilon=1e-6),
-        helper.make_node("MatMul", [post, "mlp.weight"], [mlp], name="/model/layers.0/mlp/down_proj/MatMul"),
+        helper.make_node("MatMul", [post, "mlp.weight"], [mlp],
+                         name="/model/layers.0/mlp/down_proj/MatMul"),
         helper.make_node("SkipSimplifiedLayerNormalization",
                          [residual, mlp, "model.layers.1.final_norm_layernorm.weight"]
                          + ["bias.1"] * bias,
-                         [final], name="/model/layers.1/final_norm_layernorm/SkipLayerNorm", domain="com.microsoft",
-                         epsilon=1e-6),
+                         [final], name="/model/layers.1/final_norm_layernorm/SkipLayerNorm",
+                         domain="com.microsoft", epsilon=1e-6),
         helper.make_node("MatMul", [final, "lm_head.weight"], ["logits"], name="/lm_head/MatMul"),
     ]
-    initializers = [weight("model.embed_tokens.weight", VOCAB, HIDDEN), weight("attn.weight", HIDDEN, HIDDEN),
-                    weight("mlp.weight", HIDDEN, HIDDEN), weight("lm_head.weight", HIDDEN, VOCAB)] + [
+    initializers = [weight("model.embed_tokens.weight", VOCAB, HIDDEN),
+                    weight("attn.weight", HIDDEN, HIDDEN),
+                    weight("mlp.weight", HIDDEN, HIDDEN),
+                    weight("lm_head.weight", HIDDEN, VOCAB)] + [
         weight(f"model.layers.{name}.weight", HIDDEN) for name in
         ("0.input_layernorm", "0.post_attention_layernorm", "1.final_norm_layernorm")] + [
         weight(f"bias.{layer}", HIDDEN) for layer in range(2 * bias)]
     graph = helper.make_graph(
-        nodes, "main_graph", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, act[:2])],
+        nodes, "main_graph",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, act[:2])],
         [helper.make_tensor_value_info("logits", elem_type, act[:2] + [VOCAB])],
         initializer=initializers,
         value_info=[helper.make_tensor_value_info(name, elem_type, act)
                     for name in (embedded, normed, attn, post, residual, mlp, final)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
     return model
 
 
 def huge_external_model(folder, gigabytes=2.5):
-    """A model whose weights exceed 2 GB, in a sparse external data file (no disk or memory spent): an embedding
-    table of `gigabytes` for input_ids, then an RMSNormalization, as an LLM export starts."""
+    """A model whose weights exceed 2 GB, in a sparse external data file (no disk or memory spent):
+    an embedding table of `gigabytes` for input_ids, then an RMSNormalization, as an LLM export
+    starts."""
     rows = int(gigabytes * 2**30) // (HIDDEN * 2)
     table = TensorProto(name="embed.weight", data_type=TensorProto.FLOAT16, dims=[rows, HIDDEN],
                         data_location=TensorProto.EXTERNAL)
-    for key, value in (("location", "huge.data"), ("offset", "0"), ("length", str(rows * HIDDEN * 2))):
+    location = (("location", "huge.data"), ("offset", "0"), ("length", str(rows * HIDDEN * 2)))
+    for key, value in location:
         table.external_data.add(key=key, value=value)
     with open(folder / "huge.data", "wb") as f:
         f.truncate(rows * HIDDEN * 2)
     scale = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "norm.weight")
     nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["embedded"], name="embed"),
-             helper.make_node("RMSNormalization", ["embedded", "norm.weight"], ["normed"], name="norm", epsilon=1e-6)]
-    graph = helper.make_graph(nodes, "huge", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
-                              [helper.make_tensor_value_info("normed", TensorProto.FLOAT16, ["b", "s", HIDDEN])],
-                              initializer=[table, scale])
+             helper.make_node("RMSNormalization", ["embedded", "norm.weight"], ["normed"],
+                              name="norm", epsilon=1e-6)]
+    graph = helper.make_graph(
+        nodes, "huge", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("normed", TensorProto.FLOAT16, ["b", "s", HIDDEN])],
+        initializer=[table, scale])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     model.ir_version = 11
     onnx.save(model, str(folder / "huge.onnx"))  # the graph only: its table stays in huge.data
@@ -352,8 +381,11 @@ def fp8_qdq_before_matmuls(path, out):
     probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in activations)
     session = onnxruntime.InferenceSession(probe.SerializeToString(),
                                            providers=["CPUExecutionProvider"])
-    ids, mask = (t.numpy() for t in example_inputs())
-    feeds = {"input_ids": ids, "attention_mask": mask}
+    # The example inputs in the dtypes the export declares (int64, or int32).
+    declared = {value.name: helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+                for value in graph.input}
+    feeds = {name: tensor.numpy().astype(declared[name])
+             for name, tensor in zip(("input_ids", "attention_mask"), example_inputs())}
     values = dict(zip(activations, session.run(activations, feeds)))
 
     def pair(name, scale, axis=None):

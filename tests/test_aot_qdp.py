@@ -1,4 +1,4 @@
-"""CPU: the AOT flavor's op driven by TensorRT's own ``tensorrt.plugin`` code, as a TensorRT build drives it.
+"""CPU: the AOT flavor's op driven by TensorRT's own ``tensorrt.plugin`` code, as a build drives it.
 
 ``tensorrt.plugin`` is pure Python inside the tensorrt-cu12-bindings wheel on
 PyPI. It cannot be imported as a whole without libnvinfer, so the wheel is
@@ -13,9 +13,10 @@ constant hidden size, get_supported_format_combinations, configure_plugin,
 set_tactic, get_launch_params and get_kernel.
 
 The expected launch dimensions are derived by hand below from the kernel's
-design (docs/design.md, "Kernel design"), not read from the sample.
+design (docs/design.md, "Kernel design"), not read from the companion.
 """
 
+import functools
 import importlib.util
 import pathlib
 import re
@@ -32,26 +33,31 @@ import rms_norm_plugin_cutedsl as sample
 import trt_qdp_double
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")  # in the wheels
+# The wheels' own modules warn of invalid escape sequences.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
 ARCH = "sm_90a"
 EPS = 2.0 ** -15  # exact in float32; PTX writes it as 0f38000000
 
 
 def pinned_tensorrt_version() -> str:
-    (version,) = re.findall(r"^tensorrt-cu12==([\d.]+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    requirements = (ROOT / "requirements.txt").read_text()
+    (version,) = re.findall(r"^tensorrt-cu12==([\d.]+)$", requirements, re.M)
     return version
 
 
 PINNED = pinned_tensorrt_version()
-# 10.9 is the first release with AOT plugins; 11.1 the last whose float attributes break on NumPy 2.4.
+# 10.9 is the first release with AOT plugins; 11.1 the last whose float attributes break on NumPy
+# 2.4.
 VERSIONS = [PINNED, "11.1.0.106", "10.9.0.34"]
 
 
 @pytest.fixture(scope="session")
 def bindings_wheels(pytestconfig):
-    """version -> the tensorrt/plugin directory of that tensorrt-cu12-bindings wheel, downloaded once.
+    """version -> the tensorrt/plugin directory of that tensorrt-cu12-bindings wheel, downloaded
+    once.
 
-    Only the wheel's Python files are used, so the wheel for Python 3.11 on Linux x86_64 serves any machine.
+    Only the wheel's Python files are used, so the wheel for Python 3.11 on Linux x86_64 serves any
+    machine.
     """
     if getattr(pytestconfig, "cache", None) is not None:
         cache = pathlib.Path(pytestconfig.cache.mkdir("tensorrt-bindings-wheels"))
@@ -64,8 +70,9 @@ def bindings_wheels(pytestconfig):
             return found[version]
         target = cache / version
         if not list(target.glob("*.whl")):
-            cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary=:all:",
-                   "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+            cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps",
+                   "--only-binary=:all:", "--python-version", "3.11",
+                   "--platform", "manylinux_2_28_x86_64",
                    f"tensorrt-cu12-bindings=={version}", "-d", str(target)]
             if pathlib.Path("/etc/ssl/certs/ca-certificates.crt").exists():
                 cmd[4:4] = ["--cert", "/etc/ssl/certs/ca-certificates.crt"]
@@ -86,7 +93,8 @@ def bindings_wheels(pytestconfig):
 
 
 def load_tensorrt_plugin(plugin_dir: pathlib.Path, trt, monkeypatch):
-    """Import the wheel's plugin package as ``tensorrt.plugin`` on top of the double ``trt`` (for one test)."""
+    """Import the wheel's plugin package as ``tensorrt.plugin`` on top of the double ``trt`` (for
+    one test)."""
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     for name in [m for m in sys.modules if m.startswith("tensorrt.plugin")]:
         monkeypatch.delitem(sys.modules, name)
@@ -110,15 +118,22 @@ def registered(plugin_dir, version, arch, monkeypatch):
     return trt, package
 
 
+# aot_kernel's result depends on its arguments alone (test_aot_ptx.py reads its PTX): each kernel
+# is compiled once for the builds of all three versions, which differ in tensorrt.plugin alone.
+AOT_KERNELS = functools.cache(aot.aot_kernel)
+
+
 @pytest.fixture(params=VERSIONS)
 def trtp(request, bindings_wheels, monkeypatch):
-    """(double tensorrt, real tensorrt.plugin) with the AOT op registered, for each TensorRT version."""
+    """(double tensorrt, real tensorrt.plugin) with the AOT op registered, for each TensorRT
+    version."""
+    monkeypatch.setattr(aot, "aot_kernel", AOT_KERNELS)
     return registered(bindings_wheels(request.param), request.param, ARCH, monkeypatch)
 
 
 def built_aot_plugin(trt, trtp, epsilon, residual=False, y_scale=None):
-    """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for STRICT_AOT.
-    residual: the fused op's, op(x, r, w, epsilon=...); y_scale: the FP8 op's,
+    """What network.add_plugin(op(x, w, epsilon=...), aot=True) makes: the creator's plugin for
+    STRICT_AOT. residual: the fused op's, op(x, r, w, epsilon=...); y_scale: the FP8 op's,
     op(..., epsilon=..., y_scale=...)."""
     ops = trtp.op.rms_norm_cutedsl
     if y_scale is None:
@@ -142,9 +157,9 @@ def io_desc(trt, dtype, dims, lo=None, opt=None, hi=None):
 
 def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=False, r_shape=None,
           y_type=None):
-    """Drive the plugin through a build's calls; returns (output shape exprs, formats, launch params, extra args,
-    kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R has X's shape unless
-    r_shape. y_type: Y's dtype where it is not X's (the FP8 ops)."""
+    """Drive the plugin through a build's calls; returns (output shape exprs, formats, launch
+    params, extra args, kernel). residual: the fused op's inputs (X, R, W) and outputs (Y, S); R
+    has X's shape unless r_shape. y_type: Y's dtype where it is not X's (the FP8 ops)."""
     y_type = io_type if y_type is None else y_type
     w_type = trt.DataType.FLOAT if w_type is None else w_type
     builder = trt.IExprBuilder()
@@ -170,7 +185,8 @@ def build(trt, plugin, hidden, io_type, x_shape=None, w_type=None, residual=Fals
     plugin.set_tactic(0)
     launch, extra = trt.KernelLaunchParams(), trt.ISymExprs()
     plugin.get_launch_params(in_dims, in_out, num_inputs, launch, extra, builder)
-    name, ptx = plugin.get_kernel([d.desc for d in in_out[:num_inputs]], [d.desc for d in in_out[num_inputs:]])
+    name, ptx = plugin.get_kernel([d.desc for d in in_out[:num_inputs]],
+                                  [d.desc for d in in_out[num_inputs:]])
     return out_dims, formats, launch, extra, (name, ptx)
 
 
@@ -178,12 +194,12 @@ def f32_literal(value):
     return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
 
 
-# Hand-derived launch shapes, by (hidden, bytes per X element). A 16-byte vector holds 8 fp16/bf16 or 4 fp32
-# elements. hidden 1024, 16-bit (2 KB rows): 128 vectors per row, short row -> 2 per thread -> 64 threads per
-# row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps x 2 rows of shared memory. hidden 1024,
-# fp32 (4 KB, still short): 256 vectors -> 128 threads, 1 row per CTA, 4 warps -> 16 bytes. hidden 4096,
-# 16-bit, and hidden 2048, fp32 (8 KB rows, staged): 256 threads per row, 1 row per CTA, the row in shared
-# memory (8192 bytes) plus 4 bytes x 8 warps.
+# Hand-derived launch shapes, by (hidden, bytes per X element). A 16-byte vector holds 8 fp16/bf16
+# or 4 fp32 elements. hidden 1024, 16-bit (2 KB rows): 128 vectors per row, short row -> 2 per
+# thread -> 64 threads per row, 2 rows per 128-thread CTA, 2 warps per row -> 4 bytes x 2 warps x 2
+# rows of shared memory. hidden 1024, fp32 (4 KB, still short): 256 vectors -> 128 threads, 1 row
+# per CTA, 4 warps -> 16 bytes. hidden 4096, 16-bit, and hidden 2048, fp32 (8 KB rows, staged): 256
+# threads per row, 1 row per CTA, the row in shared memory (8192 bytes) plus 4 bytes x 8 warps.
 LAUNCH = {(1024, 2): (2, 128, 16), (1024, 4): (1, 128, 16), (4096, 2): (1, 256, 8192 + 32),
           (2048, 4): (1, 256, 8192 + 32)}
 TYPES = ["HALF", "BF16", "FLOAT"]
@@ -197,23 +213,27 @@ def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io, w):
     trt, package = trtp
     io_type, w_type = getattr(trt.DataType, io), getattr(trt.DataType, w)
     plugin = built_aot_plugin(trt, package, EPS)
-    (y_dims,), formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type)
+    built = build(trt, plugin, hidden, io_type, w_type=w_type)
+    (y_dims,), formats, launch, extra, (name, ptx) = built
 
     assert y_dims[1].is_constant() and y_dims[1].get_constant_value() == hidden
     assert not y_dims[0].is_constant()
     combos = {tuple(d.type for d in formats[i:i + 3]) for i in range(0, len(formats), 3)}
-    assert combos == {(getattr(trt.DataType, x), getattr(trt.DataType, w_), getattr(trt.DataType, x))
-                      for x in TYPES for w_ in TYPES}, "X and Y of one dtype, any W: nine combinations"
+    dtype = {name_: getattr(trt.DataType, name_) for name_ in TYPES}
+    expected = {(dtype[x], dtype[w_], dtype[x]) for x in TYPES for w_ in TYPES}
+    assert combos == expected, "X and Y of one dtype, any W: nine combinations"
     assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
 
     ptx = ptx.decode()
     assert re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.M) == [name]
-    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M) and re.search(r"^\.version 8\.0$", ptx, re.M)
+    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M)
+    assert re.search(r"^\.version 8\.0$", ptx, re.M)
     assert f32_literal(EPS) in ptx, "epsilon is baked into the PTX"
     assert "ld.global.v4.b32" in ptx or "cp.async" in ptx
     ptx_type = {"HALF": "f16", "BF16": "bf16", "FLOAT": "f32"}
     # Y is rounded to X's 16-bit type (fp32: not at all), and a 16-bit W is widened to FP32.
-    assert {t for t in ("f16", "bf16") if re.search(rf"cvt\.rn\.{t}(x2)?\.f32", ptx)} == {ptx_type[io]} - {"f32"}
+    rounded_to = {t for t in ("f16", "bf16") if re.search(rf"cvt\.rn\.{t}(x2)?\.f32", ptx)}
+    assert rounded_to == {ptx_type[io]} - {"f32"}
     assert w == "FLOAT" or f"cvt.f32.{ptx_type[w]}" in ptx
 
     rows_per_cta, block, smem = LAUNCH[hidden, 4 if io == "FLOAT" else 2]
@@ -229,33 +249,38 @@ def test_tensorrt_plugin_builds_the_aot_op(trtp, hidden, io, w):
     assert [extra[0].expr.evaluate(num_tokens=n) for n in (1, 37, 512)] == [1, 37, 512]
 
 
-# The fused op's launch shapes, by (hidden, bytes per X element), derived as LAUNCH above but with R staged beside
-# X: hidden 1024 keeps its rows in registers (2 KB and 4 KB rows), so its launch is the plain op's; hidden 4096,
-# 16-bit, and 2048, fp32, stage X and R (2 x 8192 bytes) plus 4 bytes x 8 warps. hidden 12288, 16-bit (24 KB
-# rows): 1536 vectors, 8 per thread -> 192 threads; staging X and R would take 48 KB + 24 bytes, more than an
-# AOT launch gets, so both rows stay in registers and only 4 bytes x 6 warps remain.
-FUSED_LAUNCH = {(1024, 2): (2, 128, 16), (1024, 4): (1, 128, 16), (4096, 2): (1, 256, 2 * 8192 + 32),
-                (2048, 4): (1, 256, 2 * 8192 + 32), (12288, 2): (1, 192, 24)}
+# The fused op's launch shapes, by (hidden, bytes per X element), derived as LAUNCH above but with R
+# staged beside X: hidden 1024 keeps its rows in registers (2 KB and 4 KB rows), so its launch is
+# the plain op's; hidden 4096, 16-bit, and 2048, fp32, stage X and R (2 x 8192 bytes) plus 4 bytes
+# x 8 warps. hidden 12288, 16-bit (24 KB rows): 1536 vectors, 8 per thread -> 192 threads; staging
+# X and R would take 48 KB + 24 bytes, more than an AOT launch gets, so both rows stay in registers
+# and only 4 bytes x 6 warps remain.
+FUSED_LAUNCH = {(1024, 2): (2, 128, 16), (1024, 4): (1, 128, 16),
+                (4096, 2): (1, 256, 2 * 8192 + 32), (2048, 4): (1, 256, 2 * 8192 + 32),
+                (12288, 2): (1, 192, 24)}
 FUSED_CASES = ([(1024, io, "FLOAT") for io in TYPES]
-               + [(1024, "HALF", "BF16"), (4096, "BF16", "FLOAT"), (2048, "FLOAT", "HALF"), (12288, "HALF", "FLOAT")])
+               + [(1024, "HALF", "BF16"), (4096, "BF16", "FLOAT"), (2048, "FLOAT", "HALF"),
+                  (12288, "HALF", "FLOAT")])
 
 
 @pytest.mark.parametrize("hidden, io, w", FUSED_CASES)
 def test_tensorrt_plugin_builds_the_fused_aot_op(trtp, hidden, io, w):
-    """rms_norm_cutedsl::add_rms_norm: (X, R, W) -> (Y, S), both outputs X's shape and dtype, X, R, Y and S of
-    one dtype, and a PTX entry with R and S in TensorRT's order (inputs, num_tokens, outputs)."""
+    """rms_norm_cutedsl::add_rms_norm: (X, R, W) -> (Y, S), both outputs X's shape and dtype, X,
+    R, Y and S of one dtype, and a PTX entry with R and S in TensorRT's order (inputs,
+    num_tokens, outputs)."""
     trt, package = trtp
     io_type, w_type = getattr(trt.DataType, io), getattr(trt.DataType, w)
     plugin = built_aot_plugin(trt, package, EPS, residual=True)
-    out_dims, formats, launch, extra, (name, ptx) = build(trt, plugin, hidden, io_type, w_type=w_type,
-                                                          residual=True)
+    built = build(trt, plugin, hidden, io_type, w_type=w_type, residual=True)
+    out_dims, formats, launch, extra, (name, ptx) = built
 
     assert len(out_dims) == 2, "Y and S"
     for dims in out_dims:
         assert dims[1].is_constant() and dims[1].get_constant_value() == hidden
         assert not dims[0].is_constant()
     combos = {tuple(d.type for d in formats[i:i + 5]) for i in range(0, len(formats), 5)}
-    assert combos == {tuple(getattr(trt.DataType, t) for t in (x, x, w_, x, x)) for x in TYPES for w_ in TYPES}
+    assert combos == {tuple(getattr(trt.DataType, t) for t in (x, x, w_, x, x))
+                      for x in TYPES for w_ in TYPES}
     assert {d.format for d in formats} == {trt.TensorFormat.LINEAR}
 
     ptx = ptx.decode()
@@ -265,7 +290,8 @@ def test_tensorrt_plugin_builds_the_fused_aot_op(trtp, hidden, io, w):
     assert re.search(r"^\.version 8\.0$", ptx, re.M) and f32_literal(EPS) in ptx
 
     rows_per_cta, block, smem = FUSED_LAUNCH[hidden, 4 if io == "FLOAT" else 2]
-    assert ("cp.async" in ptx) == (smem > 2 * 8192), "rows staged exactly where the shared memory says so"
+    staged = smem > 2 * 8192
+    assert ("cp.async" in ptx) == staged, "rows staged exactly where the shared memory says so"
     assert launch.block_x.expr.get_constant_value() == block
     assert re.search(rf"\.reqntid {block}, 1, 1", ptx)
     assert launch.shared_mem.expr.get_constant_value() == smem
@@ -276,19 +302,22 @@ def test_tensorrt_plugin_builds_the_fused_aot_op(trtp, hidden, io, w):
 
 
 def test_the_fused_op_refuses_an_r_of_another_hidden_size(trtp):
-    """The kernel reads R with X's row layout: an R of another hidden size would be read out of bounds."""
+    """The kernel reads R with X's row layout: an R of another hidden size would be read out of
+    bounds."""
     trt, package = trtp
     plugin = built_aot_plugin(trt, package, EPS, residual=True)
     builder = trt.IExprBuilder()
     r_dims = trt.DimsExprs([trt_qdp_double.SymbolicDim("num_tokens"), builder.constant(512)])
-    with pytest.raises(ValueError, match=r"add_rms_norm: R must have X's shape \[num_tokens, 1024\]"):
+    refusal = r"add_rms_norm: R must have X's shape \[num_tokens, 1024\]"
+    with pytest.raises(ValueError, match=refusal):
         build(trt, plugin, 1024, trt.DataType.HALF, residual=True, r_shape=r_dims)
 
 
 def test_a_dynamic_hidden_size_is_refused(trtp):
     trt, package = trtp
     plugin = built_aot_plugin(trt, package, EPS)
-    dynamic = trt.DimsExprs([trt_qdp_double.SymbolicDim("num_tokens"), trt_qdp_double.SymbolicDim("hidden")])
+    dynamic = trt.DimsExprs([trt_qdp_double.SymbolicDim("num_tokens"),
+                             trt_qdp_double.SymbolicDim("hidden")])
     with pytest.raises(ValueError, match="hidden dimension must be static"):
         build(trt, plugin, 1024, trt.DataType.HALF, x_shape=dynamic)
 
@@ -297,18 +326,20 @@ def test_a_dynamic_hidden_size_is_refused(trtp):
                                        (aot.FP8_OP_NAME, ["epsilon", "y_scale"]),
                                        (aot.FUSED_FP8_OP_NAME, ["epsilon", "y_scale"])])
 def test_every_registered_attribute_reaches_aot_impl(trtp, op, attrs):
-    """get_launch_params passes all registered attributes positionally: the lists must stay equal."""
+    """get_launch_params passes all registered attributes positionally: the lists must stay
+    equal."""
     trt, package = trtp
     definition = package._lib.QDP_REGISTRY[op]
-    assert list(definition.input_attrs) == definition.aot_impl_attr_names == definition.autotune_attr_names
+    assert (list(definition.input_attrs) == definition.aot_impl_attr_names
+            == definition.autotune_attr_names)
     assert list(definition.input_attrs) == attrs
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused"])
 def test_the_epsilon_attribute_reaches_the_kernel_as_float32(trtp, residual):
     trt, package = trtp
-    _, _, _, _, (_, ptx) = build(trt, built_aot_plugin(trt, package, 0.1, residual), 1024, trt.DataType.HALF,
-                                 residual=residual)
+    plugin = built_aot_plugin(trt, package, 0.1, residual)
+    _, _, _, _, (_, ptx) = build(trt, plugin, 1024, trt.DataType.HALF, residual=residual)
     assert f32_literal(0.1) in ptx.decode()
 
 
@@ -318,7 +349,6 @@ def test_tensorrt_10_8_is_refused_with_the_version_needed(bindings_wheels, monke
     load_tensorrt_plugin(bindings_wheels("10.8.0.43"), trt, monkeypatch)
     with pytest.raises(sample.UsageError, match=r"TensorRT 10\.8\.0\.43 .*10\.9 or newer"):
         aot.check_aot_support()
-
 
 
 # The FP8 ops: Y as FP8 E4M3 of y / y_scale, launched as the other ops (Y is not staged: same plan).

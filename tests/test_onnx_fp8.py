@@ -9,8 +9,6 @@ attribute at a time), that onnxruntime computes the folded model as the
 original, and that TensorRT-RTX builds it for SM89 with the plugin's Y in FP8.
 """
 
-import concurrent.futures
-
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -20,21 +18,19 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_models
 import rms_norm_onnx_model as companion
 import rms_norm_plugin_cutedsl as sample
-from test_onnx_model import nodes, profile_args, run_onnxruntime
-from test_rtx_build_contract import run_worker
+from test_onnx_model import (export, model_spec, nodes, profile_args, rtx_builds,
+                             run_onnxruntime)
 
 LAYERS = onnx_models.CONFIG["num_hidden_layers"]
 H = onnx_models.HIDDEN
 
-# name -> how it is made from an export; each holds 2 norms per layer and the final one, the
-# first (after the embedding) alone and the others fused with their residual Add.
+# name -> the export of test_onnx_model.py quantized; each holds 2 norms per layer and the final
+# one, the first (after the embedding) alone and the others fused with their residual Add.
 MODELS = {
     # modelopt's default high_precision_dtype="fp16" on an fp16 Llama: ONNX's RMSNormalization
-    "llama_dynamo_opset23_fp16": lambda d: onnx_models.export_dynamo(d / "m.onnx", "llama",
-                                                                     "float16"),
+    "llama_dynamo_opset23_fp16": "llama_dynamo_opset23",
     # high_precision_dtype="fp32" on an fp32 Mistral at torch's default opset: the decomposed chain
-    "mistral_dynamo_default_opset_fp32": lambda d: onnx_models.export_dynamo(
-        d / "m.onnx", "mistral", "float32", opset=None),
+    "mistral_dynamo_default_opset_fp32": "mistral_dynamo_default_opset_fp32_int32_inputs",
 }
 
 
@@ -43,9 +39,10 @@ def quantized(tmp_path_factory):
     """{name: path} of each export with modelopt's FP8 Q/DQ pairs before its MatMuls."""
     pytest.importorskip("transformers")
     paths = {}
-    for name, export in MODELS.items():
+    for name, source in MODELS.items():
         folder = tmp_path_factory.mktemp(name)
-        paths[name] = onnx_models.fp8_qdq_before_matmuls(export(folder), folder / "fp8.onnx")
+        exported = export(tmp_path_factory.getbasetemp(), source)
+        paths[name] = onnx_models.fp8_qdq_before_matmuls(exported, folder / "fp8.onnx")
     return paths
 
 
@@ -270,14 +267,9 @@ def fp8_builds(quantized, folds, rtx_lib_dir):
     companion.save_model(rewritten, path)
     shapes = {k: [list(s) for s in v] for k, v in profile.items()}
 
-    def build(job):
-        model_path, target = job
-        return run_worker(rtx_lib_dir, dict(source="model", model_path=model_path, shapes=shapes,
-                                            watched=watched, compute_capability=target))
-
     jobs = [(path, "SM89"), (str(quantized[name]), "SM89"), (path, "SM80")]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        folded, original_build, sm80 = pool.map(build, jobs)
+    specs = [model_spec(model_path, shapes, watched, target) for model_path, target in jobs]
+    folded, original_build, sm80 = rtx_builds(rtx_lib_dir, specs)
     return folded, original_build, sm80, watched, replaced
 
 

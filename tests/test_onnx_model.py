@@ -1,4 +1,5 @@
-"""CPU: rms_norm_onnx_model.py on what exporters write: every RMSNorm replaced or listed, both models built.
+"""CPU: rms_norm_onnx_model.py on what exporters write: every RMSNorm replaced or listed, both
+models built.
 
 The models are real exporter output (tests/onnx_models.py: transformers decoders
 through torch's dynamo exporter at opset 23 and at its default opset, the
@@ -8,7 +9,7 @@ fused with it and the others replaced alone, as counted from the original
 graph; onnxruntime runs the rewritten model, the plugin's nodes as functions
 of its contract, as it runs the original. TensorRT-RTX (a real TensorRT-family
 builder that runs on the CPU, see tests/rtx_build_worker.py) parses each
-rewritten model by path, with the sample's plugin, and the original with its
+rewritten model by path, with the fused companion's plugin, and the original with its
 own importers. Running the two engines and comparing them needs a GPU and
 TensorRT: test_trt_onnx_model.py.
 """
@@ -16,6 +17,8 @@ TensorRT: test_trt_onnx_model.py.
 import argparse
 import concurrent.futures
 import ctypes
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -30,71 +33,94 @@ from onnx import TensorProto, helper
 import onnx_models
 import rms_norm_onnx_model as companion
 import rms_norm_plugin_cutedsl as sample
-from test_cli import EXIT_USAGE, REPORT_HEAVY_IMPORTS, assert_one_sentence, heavy_imports, run_script
-from test_rtx_build_contract import TRT_TYPE, run_worker
+from support.sample_loader import ROOT
+from test_cli import (EXIT_USAGE, REPORT_HEAVY_IMPORTS, assert_one_sentence, heavy_imports,
+                      run_script)
+from test_rtx_build_contract import TRT_TYPE, WORKER, Build
 
 COMPANION = companion.__file__
 LAYERS = onnx_models.CONFIG["num_hidden_layers"]
 H = onnx_models.HIDDEN
 
-# name -> (how it is made, the forms its RMSNorms take, how many: two per layer and the final norm, plus
-# Qwen3's q and k norms per layer).
+NORMS = 2 * LAYERS + 1  # two per layer and the final one
+SKIP_NORMS = {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
+              "skip_simplified_layer_normalization"}
+
+
+def dynamo(family, dtype, **options):
+    """How torch.onnx.export(dynamo=True) exports `family` in `dtype` into a folder."""
+    return lambda folder: onnx_models.export_dynamo(folder / "m.onnx", family, dtype, **options)
+
+
+def torchscript(family, dtype, **options):
+    """How the TorchScript exporter exports `family` in `dtype` into a folder."""
+    return lambda folder: onnx_models.export_torchscript(folder / "m.onnx", family, dtype,
+                                                         **options)
+
+
+def genai_style(*options):
+    """How onnx_models.genai_style_model is written into a folder."""
+    return lambda folder: onnx_models.save(onnx_models.genai_style_model(*options),
+                                           folder / "m.onnx")
+
+
+# name -> (how it is made, the forms its RMSNorms take, how many: Qwen3 has a q and a k norm per
+# layer besides).
 EXPORTS = {
-    "llama_dynamo_opset23": (lambda d: onnx_models.export_dynamo(d / "m.onnx", "llama", "float16", external_data=True),
-                             {"rms_normalization"}, 2 * LAYERS + 1),
-    "gemma_dynamo_opset23": (lambda d: onnx_models.export_dynamo(d / "m.onnx", "gemma", "float16"),
-                             {"rms_normalization + Cast"}, 2 * LAYERS + 1),
-    "qwen3_dynamo_default_opset": (lambda d: onnx_models.export_dynamo(d / "m.onnx", "qwen3", "bfloat16", opset=None),
-                                   {"decomposed_after_cast"}, 4 * LAYERS + 1),
-    "llama_torchscript_opset17": (lambda d: onnx_models.export_torchscript(d / "m.onnx", "llama", "float16"),
-                                  {"decomposed_after_cast"}, 2 * LAYERS + 1),
-    "gemma_torchscript_opset17": (lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float32"),
-                                  {"decomposed_after_cast", "decomposed_in_x_dtype"}, 2 * LAYERS + 1),
+    "llama_dynamo_opset23": (dynamo("llama", "float16", external_data=True),
+                             {"rms_normalization"}, NORMS),
+    "gemma_dynamo_opset23": (dynamo("gemma", "float16"), {"rms_normalization + Cast"}, NORMS),
+    "qwen3_dynamo_default_opset": (dynamo("qwen3", "bfloat16", opset=None),
+                                   {"decomposed_after_cast"}, NORMS + 2 * LAYERS),
+    "llama_torchscript_opset17": (torchscript("llama", "float16"),
+                                  {"decomposed_after_cast"}, NORMS),
+    "gemma_torchscript_opset17": (torchscript("gemma", "float32"),
+                                  {"decomposed_after_cast", "decomposed_in_x_dtype"}, NORMS),
     "gemma_torchscript_opset18_unfolded": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "gemma", "float16", opset=18, fold=False),
-        {"decomposed_after_cast + Cast", "decomposed_after_cast"}, 2 * LAYERS + 1),
-    "genai_builder": (onnx_models.export_genai, {"simplified_layer_normalization",
-                                                 "skip_simplified_layer_normalization_and_sum",
-                                                 "skip_simplified_layer_normalization"}, 2 * LAYERS + 1),
-    "genai_builder_tensorrt_rtx_target": (lambda d: onnx_models.export_genai(d, "NvTensorRtRtx"),
-                                          {"decomposed_after_cast"}, 2 * LAYERS + 1),
-    "genai_style_nodes": (lambda d: onnx_models.save(onnx_models.genai_style_model(), d / "m.onnx"),
-                          {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
-                           "skip_simplified_layer_normalization"}, 3),
-    "genai_style_nodes_fp32_bias": (
-        lambda d: onnx_models.save(onnx_models.genai_style_model(np.float32, bias=True),
-                                   d / "m.onnx"),
-        {"simplified_layer_normalization", "skip_simplified_layer_normalization_and_sum",
-         "skip_simplified_layer_normalization"}, 3),
+        torchscript("gemma", "float16", opset=18, fold=False),
+        {"decomposed_after_cast + Cast", "decomposed_after_cast"}, NORMS),
+    "genai_builder": (onnx_models.export_genai, SKIP_NORMS, NORMS),
+    "genai_builder_tensorrt_rtx_target": (lambda folder: onnx_models.export_genai(folder,
+                                                                                  "NvTensorRtRtx"),
+                                          {"decomposed_after_cast"}, NORMS),
+    "genai_style_nodes": (genai_style(), SKIP_NORMS, 3),
+    "genai_style_nodes_fp32_bias": (genai_style(np.float32, True), SKIP_NORMS, 3),
     "mistral_dynamo_default_opset_fp32_int32_inputs": (
-        lambda d: onnx_models.export_dynamo(d / "m.onnx", "mistral", "float32", opset=None,
-                                            index_dtype="int32"),
-        {"decomposed_in_x_dtype"}, 2 * LAYERS + 1),
-    "phi3_torchscript_opset17": (
-        lambda d: onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16"),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
+        dynamo("mistral", "float32", opset=None, index_dtype="int32"),
+        {"decomposed_in_x_dtype"}, NORMS),
+    "phi3_torchscript_opset17": (torchscript("phi3", "float16"), {"decomposed_after_cast"}, NORMS),
     "phi3_torchscript_opset17_symbolic_shapes": (
-        lambda d: onnx_models.with_symbolic_shapes(
-            onnx_models.export_torchscript(d / "m.onnx", "phi3", "float16")),
-        {"decomposed_after_cast"}, 2 * LAYERS + 1),
+        lambda folder: onnx_models.with_symbolic_shapes(torchscript("phi3", "float16")(folder)),
+        {"decomposed_after_cast"}, NORMS),
 }
-# The builder's models hold GroupQueryAttention, an onnxruntime op no TensorRT imports; the norms of its CUDA
-# target are built from genai_style_nodes, which mirror them, and its TensorRT-RTX target's chain is the
-# TorchScript exporter's.
+# The builder's models hold GroupQueryAttention, an onnxruntime op no TensorRT imports; the norms
+# of its CUDA target are built from genai_style_nodes, which mirror them, and its TensorRT-RTX
+# target's chain is the TorchScript exporter's.
 BUILT = [name for name in EXPORTS if not name.startswith("genai_builder")]
+
+
+@functools.cache
+def export(basetemp, name: str):
+    """The path of the model EXPORTS names, exported once per session (basetemp: the session's
+    temporary directory) for every test module: test_onnx_fp8.py quantizes two of them."""
+    folder = basetemp / f"export_{name}"
+    folder.mkdir()
+    make, _, _ = EXPORTS[name]
+    return make(folder)
 
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """{name: path} of every model in EXPORTS, exported once per session."""
+    """{name: path} of every model in EXPORTS."""
     pytest.importorskip("transformers")
     pytest.importorskip("onnxruntime_genai")
-    return {name: make(tmp_path_factory.mktemp(name)) for name, (make, _, _) in EXPORTS.items()}
+    return {name: export(tmp_path_factory.getbasetemp(), name) for name in EXPORTS}
 
 
 @pytest.fixture(scope="session")
 def rewrites(exported):
-    """{name: (original, rewritten, replaced, left)}, each model loaded twice and the second rewritten."""
+    """{name: (original, rewritten, replaced, left)}, each model loaded twice and the second
+    rewritten."""
     results = {}
     for name, path in exported.items():
         rewritten = companion.load_model(str(path))
@@ -108,7 +134,8 @@ def nodes(model, op_type):
 
 
 def profile_args(model, low=1, opt=4, high=16):
-    """The flags a user passes for this model: every dynamic dimension low/opt/high, as --min/opt/max-shapes."""
+    """The flags a user passes for this model: every dynamic dimension low/opt/high, as
+    --min/opt/max-shapes."""
     def shape(value, n):
         return tuple(d if isinstance(d, int) else n for d in value.shape)
 
@@ -118,7 +145,7 @@ def profile_args(model, low=1, opt=4, high=16):
                               min_tokens=1, opt_tokens=128, max_tokens=512)
 
 
-# -- every RMSNorm of every route, replaced or listed ------------------------------------------------
+# -- every RMSNorm of every route, replaced or listed ---------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTS))
@@ -131,7 +158,8 @@ def test_every_rmsnorm_the_model_holds_is_replaced(rewrites, name):
     assert len(nodes(rewritten, sample.PLUGIN_NAME)) == count
     for op_type in companion.NORM_OPS | {"ReduceMean"}:
         assert not nodes(rewritten, op_type), op_type  # no norm, and no part of one, is left behind
-    assert {r.epsilon for r in replaced} == {float(np.float32(1e-6))}  # transformers' rms_norm_eps for these
+    # transformers' rms_norm_eps for these
+    assert {r.epsilon for r in replaced} == {float(np.float32(1e-6))}
 
 
 def residual_norms(path) -> dict:
@@ -258,7 +286,8 @@ def test_the_rewritten_model_passes_onnx_checker(exported, rewrites, name):
 
 
 def test_gemmas_unfolded_1_plus_w_is_the_plugins_weight(rewrites):
-    """do_constant_folding=False: the scale is an Add of the weight and 1, which TensorRT computes for the plugin."""
+    """do_constant_folding=False: the scale is an Add of the weight and 1, which TensorRT computes
+    for the plugin."""
     original, rewritten, replaced, _ = rewrites["gemma_torchscript_opset18_unfolded"]
     for r in replaced:
         (plugin,) = [n for n in nodes(rewritten, sample.PLUGIN_NAME) if n.name == r.name]
@@ -267,13 +296,17 @@ def test_gemmas_unfolded_1_plus_w_is_the_plugins_weight(rewrites):
 
 def test_the_gemma_export_is_x_fp16_with_an_fp32_scale_and_the_cast_back_is_absorbed(rewrites):
     original, rewritten, replaced, _ = rewrites["gemma_dynamo_opset23"]
-    assert {(r.dtype, r.scale_dtype, r.cast) for r in replaced} == {("float16", "float32", "absorbed")}
-    casts = {n.outputs[0].name for n in nodes(original, "Cast")} - {n.outputs[0].name for n in nodes(rewritten, "Cast")}
-    assert casts == {r.y for r in replaced}  # exactly the Casts back are gone; the plugin writes their outputs
+    assert {(r.dtype, r.scale_dtype, r.cast) for r in replaced} == {
+        ("float16", "float32", "absorbed")}
+    casts = ({n.outputs[0].name for n in nodes(original, "Cast")}
+             - {n.outputs[0].name for n in nodes(rewritten, "Cast")})
+    # Exactly the Casts back are gone; the plugin writes their outputs.
+    assert casts == {r.y for r in replaced}
     assert {n.outputs[0].name for n in nodes(rewritten, sample.PLUGIN_NAME)} == casts
 
 
-@pytest.mark.parametrize("name", ["llama_dynamo_opset23", "genai_builder", "qwen3_dynamo_default_opset"])
+@pytest.mark.parametrize("name", ["llama_dynamo_opset23", "genai_builder",
+                                  "qwen3_dynamo_default_opset"])
 def test_plugin_nodes_carry_the_original_nodes_names(rewrites, name):
     original, rewritten, replaced, _ = rewrites[name]
     plugins = {n.name for n in nodes(rewritten, sample.PLUGIN_NAME)}
@@ -316,27 +349,83 @@ def test_a_skip_norms_bias_is_added_to_the_skip_first_and_the_report_says_so(rew
     assert capsys.readouterr().out.count(said) == 2
 
 
+# The worker (tests/rtx_build_worker.py) registers the lesson's creator, which refuses the fused
+# forms' fields; rms_norm_onnx_model.build_engine registers the fused companion's in its place, and
+# so does the worker run below. It builds several specs, one after another, in one process (one
+# JSON line each): the process's imports (torch, CuteDSL, TensorRT-RTX) are paid once for them.
+FUSED_WORKER = f"""
+import json
+import sys
+sys.path[:0] = [{str(ROOT)!r}, {str(WORKER.parent)!r}]
+import rtx_build_worker as worker
+from support.sample_loader import load_fused
+
+
+def load_sample_with_rtx(load=worker.load_sample_with_rtx):
+    trt, lesson = load()
+    lesson.register_creator = load_fused(trt, "rms_norm_fused_cutedsl", lesson).register_creator
+    return trt, lesson
+
+
+worker.load_sample_with_rtx = load_sample_with_rtx
+for spec in json.loads(sys.argv[1]):
+    worker.main([sys.argv[0], json.dumps(spec)])
+"""
+
+
+def model_spec(model_path, shapes, watched, target="SM80") -> dict:
+    """The worker's spec of a build of the ONNX file at model_path for the profile `shapes`,
+    `watched` marked as outputs too, as build_engine builds it."""
+    return dict(source="model", model_path=model_path, shapes=shapes, watched=watched,
+                compute_capability=target)
+
+
+def rtx_builds(lib_dir, specs: list) -> list:
+    """The worker's report (a Build) of each spec, built by TensorRT-RTX in two processes at once
+    (this machine's cores), each taking every other spec."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir),
+                                                           env.get("LD_LIBRARY_PATH")]))
+
+    def run(share):
+        proc = subprocess.run([sys.executable, "-c", FUSED_WORKER, json.dumps(share)], env=env,
+                              capture_output=True, text=True, timeout=300 * len(share))
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        lines += [""] * (len(share) - len(lines))  # a process that died: no report, its stderr
+        return [Build(subprocess.CompletedProcess(proc.args, proc.returncode, line, proc.stderr))
+                for line in lines]
+
+    shares = [specs[0::2], specs[1::2]]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        even, odd = pool.map(run, shares)
+    reports = [None] * len(specs)
+    reports[0::2] = even
+    reports[1::2] = odd
+    return reports
+
+
 @pytest.fixture(scope="session")
-def builds(rewrites, exported, rtx_lib_dir, tmp_path_factory):
-    """{name: (rewritten build, original build, watched)}: both models built by TensorRT-RTX from their files,
-    with every replaced node's tensors also outputs, as the companion builds them."""
-    def build(name):
+def builds(rewrites, exported, rtx_lib_dir):
+    """{name: (rewritten build, original build, watched)}: both models built by TensorRT-RTX from
+    their files, with every replaced node's tensors also outputs, as the companion builds them."""
+    specs, watched = [], {}
+    for name in BUILT:
         original, rewritten, replaced, _ = rewrites[name]
         profile = companion.input_profile(original, profile_args(original))
-        watched = [t for r in replaced for t in (*r.x, r.y, r.sum)
-                   if t and t not in profile and t not in original.graph.initializers]
+        watched[name] = [t for r in replaced for t in (*r.x, r.y, r.sum)
+                         if t and t not in profile and t not in original.graph.initializers]
         path = str(exported[name].with_name("rewritten.onnx"))
         companion.save_model(rewritten, path)
         shapes = {k: [list(s) for s in v] for k, v in profile.items()}
-        return tuple(run_worker(rtx_lib_dir, dict(source="model", model_path=p, shapes=shapes, watched=watched))
-                     for p in (path, str(exported[name]))) + (watched,)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(BUILT, pool.map(build, BUILT)))
+        specs += [model_spec(p, shapes, watched[name]) for p in (path, str(exported[name]))]
+    reports = rtx_builds(rtx_lib_dir, specs)
+    return {name: (reports[2 * k], reports[2 * k + 1], watched[name])
+            for k, name in enumerate(BUILT)}
 
 
 @pytest.mark.parametrize("name", BUILT)
-def test_tensorrt_rtx_builds_the_rewritten_model_with_the_plugin_and_the_original_without(builds, rewrites, name):
+def test_tensorrt_rtx_builds_the_rewritten_model_with_the_plugin_and_the_original_without(
+        builds, rewrites, name):
     rewritten, original, watched = builds[name]
     for build in (rewritten, original):
         assert build["parse_ok"], build.messages()
@@ -428,7 +517,7 @@ def test_onnxruntime_computes_the_rewritten_model_as_the_original(exported, rewr
     assert np.max(np.abs(ours["logits"] - logits)) <= 1e-4 * np.max(np.abs(logits))
 
 
-# -- one attribute at a time: what is served, what is left and why ---------------------------------------
+# -- one attribute at a time: what is served, what is left and why --------------------------------
 
 
 def rewrite_one(model):
@@ -456,7 +545,8 @@ def test_the_plugin_node_is_named_like_the_node_it_replaces():
 
 
 @pytest.mark.parametrize("model_args, why", [
-    (dict(x_shape=["n", 4, H], axis=3), "normalizes from axis 3"),  # rank 3: axis 3 is no axis at all
+    # rank 3: axis 3 is no axis at all
+    (dict(x_shape=["n", 4, H], axis=3), "normalizes from axis 3"),
     (dict(x_shape=["n", 4, H], axis=1), "normalizes from axis 1"),
     (dict(x_shape=["n", 4, H], scale_shape=(4, H), axis=-2), "normalizes from axis -2"),
     (dict(x_shape=["n", H], stash_type=0), "stash_type is not 1"),
@@ -475,19 +565,22 @@ def test_nodes_the_plugin_cannot_serve_are_left_with_the_reason(model_args, why)
 
 
 @pytest.mark.parametrize("x_type, scale_type, cast", [
-    (TensorProto.FLOAT16, TensorProto.FLOAT, "appended"), (TensorProto.FLOAT, TensorProto.BFLOAT16, "appended"),
+    (TensorProto.FLOAT16, TensorProto.FLOAT, "appended"),
+    (TensorProto.FLOAT, TensorProto.BFLOAT16, "appended"),
     (TensorProto.BFLOAT16, TensorProto.BFLOAT16, "")])
 def test_x_and_scale_of_any_pair_the_plugin_takes_are_served(x_type, scale_type, cast):
-    """Without a Cast back, ONNX's Y has the scale's dtype: the plugin's Y (X's dtype) is cast to it."""
-    rewritten, replaced, left = rewrite_one(onnx_models.one_node_model(["n", H], x_type=x_type, scale_type=scale_type))
+    """Without a Cast back, ONNX's Y has the scale's dtype: the plugin's Y (X's dtype) is cast to
+    it."""
+    model = onnx_models.one_node_model(["n", H], x_type=x_type, scale_type=scale_type)
+    rewritten, replaced, left = rewrite_one(model)
     assert left == {} and replaced[0].cast == cast
     y = rewritten.graph.outputs[0]
     assert y.name == "Y" and y.producer().op_type == ("Cast" if cast else sample.PLUGIN_NAME)
 
 
 def test_a_mean_of_squares_the_forms_do_not_cover_is_listed():
-    """A decomposed chain whose statistics stay in float16 (no Cast to FP32) is left, and says why; a mean of
-    squares in no known form (here its square root is missing) is listed too."""
+    """A decomposed chain whose statistics stay in float16 (no Cast to FP32) is left, and says
+    why; a mean of squares in no known form (here its square root is missing) is listed too."""
     graph = helper.make_graph(
         [helper.make_node("Pow", ["X", "two"], ["sq"], name="pow"),
          helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="mean"),
@@ -503,7 +596,8 @@ def test_a_mean_of_squares_the_forms_do_not_cover_is_listed():
         initializer=[onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in
                      (("two", 2.0, np.float16), ("axes", [-1], np.int64), ("eps", 1e-5, np.float16),
                       ("w", np.ones(H), np.float16))])
-    _, replaced, left = rewrite_one(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    _, replaced, left = rewrite_one(model)
     assert replaced == []
     assert "computes its statistics in float16" in left["scale"]
     assert "matches no form served" in left["mean_of_squares"]
@@ -630,30 +724,32 @@ def test_the_unread_s_of_a_skip_norm_gets_a_name_no_other_value_has():
     onnx.checker.check_model(ir.serde.serialize_model(rewritten))
 
 
-# -- the profile: every dynamic dimension, from the flags -------------------------------------------------
+# -- the profile: every dynamic dimension, from the flags -----------------------------------------
 
 
 def test_shapes_named_per_input_fix_every_dimension_and_inputs_sharing_a_name(rewrites):
     original = rewrites["llama_dynamo_opset23"][0]
     args = profile_args(original)
-    del args.min_shapes["attention_mask"], args.opt_shapes["attention_mask"], args.max_shapes["attention_mask"]
+    for shapes in (args.min_shapes, args.opt_shapes, args.max_shapes):
+        del shapes["attention_mask"]
     profile = companion.input_profile(original, args)
-    assert profile == {"input_ids": ((1, 1), (4, 4), (16, 16)), "attention_mask": ((1, 1), (4, 4), (16, 16))}
+    assert profile == {"input_ids": ((1, 1), (4, 4), (16, 16)),
+                       "attention_mask": ((1, 1), (4, 4), (16, 16))}
 
 
 def test_two_dynamic_dimensions_and_only_the_token_flags_are_refused_naming_the_second(rewrites):
     original = rewrites["genai_builder"][0]
-    args = argparse.Namespace(min_shapes=None, opt_shapes=None, max_shapes=None, min_tokens=1, opt_tokens=2,
-                              max_tokens=3)
-    with pytest.raises(sample.UsageError, match="dimension 'sequence_length' is a second dynamic dimension "
-                                                "besides 'batch_size'"):
+    args = argparse.Namespace(min_shapes=None, opt_shapes=None, max_shapes=None, min_tokens=1,
+                              opt_tokens=2, max_tokens=3)
+    refusal = "dimension 'sequence_length' is a second dynamic dimension besides 'batch_size'"
+    with pytest.raises(sample.UsageError, match=refusal):
         companion.input_profile(original, args)
 
 
 def test_one_dynamic_dimension_takes_the_token_flags():
     model = ir.serde.deserialize_model(onnx_models.one_node_model(["n", 3, H]))
-    args = argparse.Namespace(min_shapes=None, opt_shapes=None, max_shapes=None, min_tokens=2, opt_tokens=37,
-                              max_tokens=300)
+    args = argparse.Namespace(min_shapes=None, opt_shapes=None, max_shapes=None, min_tokens=2,
+                              opt_tokens=37, max_tokens=300)
     assert companion.input_profile(model, args) == {"X": ((2, 3, H), (37, 3, H), (300, 3, H))}
 
 
@@ -670,29 +766,33 @@ def test_shapes_the_model_cannot_take_are_refused(rewrites, shapes, needle):
 
 
 def test_a_dimension_shared_by_two_inputs_must_get_one_size():
-    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["C"])], "two",
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT16, ["n", 8]) for n in "AB"],
-                              [helper.make_tensor_value_info("C", TensorProto.FLOAT16, ["n", 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["C"])], "two",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT16, ["n", 8]) for n in "AB"],
+        [helper.make_tensor_value_info("C", TensorProto.FLOAT16, ["n", 8])])
     model = ir.serde.deserialize_model(helper.make_model(graph))
     shapes = {"A": (4, 8), "B": (5, 8)}
-    args = argparse.Namespace(min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes, min_tokens=1, opt_tokens=1,
-                              max_tokens=1)
-    with pytest.raises(sample.UsageError, match=r"dimension 'n' is \(4, 4, 4\) in one input and \(5, 5, 5\) in 'B'"):
+    args = argparse.Namespace(min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes, min_tokens=1,
+                              opt_tokens=1, max_tokens=1)
+    refusal = r"dimension 'n' is \(4, 4, 4\) in one input and \(5, 5, 5\) in 'B'"
+    with pytest.raises(sample.UsageError, match=refusal):
         companion.input_profile(model, args)
 
 
-# -- inputs a model accepts ----------------------------------------------------------------------------
+# -- inputs a model accepts -----------------------------------------------------------------------
 
 
 def test_token_ids_lie_in_the_vocabulary_and_masks_are_ones(rewrites):
     original = rewrites["genai_builder"][0]
-    shapes = {"input_ids": (2, 300), "attention_mask": (2, 300), "past_key_values.0.key": (2, 1, 0, 32),
-              "past_key_values.0.value": (2, 1, 0, 32), "past_key_values.1.key": (2, 1, 0, 32),
-              "past_key_values.1.value": (2, 1, 0, 32)}
+    shapes = {"input_ids": (2, 300), "attention_mask": (2, 300),
+              "past_key_values.0.key": (2, 1, 0, 32), "past_key_values.0.value": (2, 1, 0, 32),
+              "past_key_values.1.key": (2, 1, 0, 32), "past_key_values.1.value": (2, 1, 0, 32)}
     values = companion.input_values(original, shapes, seed=0)
     ids = values["input_ids"].numpy()
-    assert ids.min() >= 0 and ids.max() < onnx_models.VOCAB and len(np.unique(ids)) > onnx_models.VOCAB // 2
-    assert values["attention_mask"].dtype == companion.torch.int64 and bool((values["attention_mask"] == 1).all())
+    assert ids.min() >= 0 and ids.max() < onnx_models.VOCAB
+    assert len(np.unique(ids)) > onnx_models.VOCAB // 2
+    mask = values["attention_mask"]
+    assert mask.dtype == companion.torch.int64 and bool((mask == 1).all())
     assert values["past_key_values.0.key"].dtype == companion.torch.float16
 
 
@@ -747,38 +847,45 @@ def test_a_feed_of_another_dtype_than_the_engine_reads_is_refused():
 
 def test_positions_count_along_the_sequence_and_other_integer_inputs_are_refused():
     def int_input_model(name):
-        graph = helper.make_graph([helper.make_node("Cast", [name], ["Y"], to=TensorProto.FLOAT)], "g",
-                                  [helper.make_tensor_value_info(name, TensorProto.INT64, ["b", "s"])],
-                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", "s"])])
+        graph = helper.make_graph(
+            [helper.make_node("Cast", [name], ["Y"], to=TensorProto.FLOAT)], "g",
+            [helper.make_tensor_value_info(name, TensorProto.INT64, ["b", "s"])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", "s"])])
         return ir.serde.deserialize_model(helper.make_model(graph))
 
-    positions = companion.input_values(int_input_model("position_ids"), {"position_ids": (2, 5)}, seed=0)
+    positions = companion.input_values(int_input_model("position_ids"), {"position_ids": (2, 5)},
+                                       seed=0)
     assert positions["position_ids"].tolist() == [[0, 1, 2, 3, 4]] * 2
-    with pytest.raises(sample.UsageError, match="model input 'step' is INT64 but neither token ids"):
+    refusal = "model input 'step' is INT64 but neither token ids"
+    with pytest.raises(sample.UsageError, match=refusal):
         companion.input_values(int_input_model("step"), {"step": (2, 5)}, seed=0)
 
 
 def test_a_position_input_without_dimensions_is_position_zero():
-    graph = helper.make_graph([helper.make_node("Cast", ["position_ids"], ["Y"], to=TensorProto.FLOAT)], "g",
-                              [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])])
-    values = companion.input_values(ir.serde.deserialize_model(helper.make_model(graph)), {"position_ids": ()}, 0)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["position_ids"], ["Y"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])])
+    model = ir.serde.deserialize_model(helper.make_model(graph))
+    values = companion.input_values(model, {"position_ids": ()}, 0)
     assert values["position_ids"].shape == () and values["position_ids"].item() == 0
 
 
 def test_a_skip_norms_bias_is_part_of_the_x_it_is_checked_against():
-    """SkipSimplifiedLayerNormalization's optional bias (its fourth input) is added before the norm: the check's
-    reference must add it too. X and skip zero, the bias not: the exact Y is the bias normalized, so a plugin Y one
-    fp16 rounding away from TensorRT's is within the bound only if the bias is counted."""
+    """SkipSimplifiedLayerNormalization's optional bias (its fourth input) is added before the
+    norm: the check's reference must add it too. X and skip zero, the bias not: the exact Y is the
+    bias normalized, so a plugin Y one fp16 rounding away from TensorRT's is within the bound only
+    if the bias is counted."""
     n = 4
     graph = helper.make_graph(
-        [helper.make_node("SkipSimplifiedLayerNormalization", ["X", "S", "w", "b"], ["Y"], name="skip_norm",
-                          domain="com.microsoft", epsilon=1e-6)], "g",
+        [helper.make_node("SkipSimplifiedLayerNormalization", ["X", "S", "w", "b"], ["Y"],
+                          name="skip_norm", domain="com.microsoft", epsilon=1e-6)], "g",
         [helper.make_tensor_value_info(v, TensorProto.FLOAT16, [n, H]) for v in ("X", "S")],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [n, H])],
         initializer=[onnx.numpy_helper.from_array(np.ones(H, np.float16), "w"),
                      onnx.numpy_helper.from_array(np.linspace(-1, 1, H).astype(np.float16), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     _, (node,), left = rewrite_one(model)
     assert left == {} and node.x == ("X", "S", "b")
     bias = np.linspace(-1, 1, H).astype(np.float16).astype(np.float64)
@@ -792,26 +899,30 @@ def test_a_skip_norms_bias_is_part_of_the_x_it_is_checked_against():
 
 
 def test_an_rmsnorm_inside_a_model_function_is_listed():
-    """A mean of squares that no form serves, inside a model-local function (apply_to_model rewrites functions
-    too), is listed like one in the main graph."""
+    """A mean of squares that no form serves, inside a model-local function (apply_to_model
+    rewrites functions too), is listed like one in the main graph."""
     function = helper.make_function(
         "local", "MeanOfSquares", ["A"], ["B"],
         [helper.make_node("Mul", ["A", "A"], ["sq"], name="square_in_function"),
          helper.make_node("ReduceMean", ["sq"], ["B"], name="mean_in_function", axes=[-1])],
         opset_imports=[helper.make_opsetid("", 17)])
-    graph = helper.make_graph([helper.make_node("MeanOfSquares", ["X"], ["Z"], name="call", domain="local")], "g",
-                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", H])],
-                              [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["n", 1])])
+    graph = helper.make_graph(
+        [helper.make_node("MeanOfSquares", ["X"], ["Z"], name="call", domain="local")], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", H])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["n", 1])])
     model = helper.make_model(graph, functions=[function],
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("local", 1)])
     replaced, left = companion.rewrite_model(ir.serde.deserialize_model(model))
     assert replaced == [] and "matches no form served" in left["mean_in_function"]
 
 
 def test_the_one_node_model_holds_the_samples_weights_in_every_dtype(tmp_path):
-    """bf16 weights included: onnx-ir serializes a torch bf16 tensor only through its torch adapter."""
+    """bf16 weights included: onnx-ir serializes a torch bf16 tensor only through its torch
+    adapter."""
     for w_dtype in sample.WEIGHT_DTYPES:
-        args = argparse.Namespace(hidden_dim=H, dtype="float16", weight_dtype=w_dtype, epsilon=1e-5, seed=3)
+        args = argparse.Namespace(hidden_dim=H, dtype="float16", weight_dtype=w_dtype,
+                                  epsilon=1e-5, seed=3)
         path = str(tmp_path / f"{w_dtype}.onnx")
         ir.save(companion.one_node_model(args), path)
         saved = onnx.numpy_helper.to_array(onnx.load(path).graph.initializer[0])
@@ -827,25 +938,26 @@ def test_the_one_node_model_holds_the_samples_weights_in_every_dtype(tmp_path):
     (["--epsilon", "1e-50"], "--epsilon must be finite and > 0 in float32, got 1e-50"),
     (["--epsilon", "1e39"], "--epsilon must be finite and > 0 in float32"),
 ])
-def test_flag_values_get_the_samples_ranges_in_one_sentence(args, needle):
-    code, _, err = run_script(*args, script=COMPANION)
-    assert code == EXIT_USAGE
-    assert_one_sentence(err, needle)
+def test_flag_values_get_the_samples_ranges_in_one_sentence(capsys, args, needle):
+    """main() as the script calls it (the tests below run the script itself)."""
+    assert companion.main(companion.parse_args(args)) == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, needle)
 
 
-# -- real sizes: a model over 2 GB is never loaded or serialized whole -----------------------------------
+# -- real sizes: a model over 2 GB is never loaded or serialized whole ----------------------------
 
 
 def test_a_model_over_2_gb_is_checked_rewritten_and_written_without_reading_its_weights(tmp_path):
-    """The embedding table (2.5 GB, a sparse file) is never read: the whole run stays far below its size in
-    memory, and the rewritten model refers to the same data file."""
+    """The embedding table (2.5 GB, a sparse file) is never read: the whole run stays far below
+    its size in memory, and the rewritten model refers to the same data file."""
     path, rows = onnx_models.huge_external_model(tmp_path)
     out = tmp_path / "huge_rmsnorm.onnx"
-    code = (f"import resource, runpy, sys\nsys.argv = [{COMPANION!r}, {str(path)!r}, '--report-only', '-o', "
-            f"{str(out)!r}]\ntry:\n    runpy.run_path({COMPANION!r}, run_name='__main__')\nfinally:\n"
+    argv = [COMPANION, str(path), "--report-only", "-o", str(out)]
+    code = (f"import resource, runpy, sys\nsys.argv = {argv!r}\n"
+            f"try:\n    runpy.run_path({COMPANION!r}, run_name='__main__')\nfinally:\n"
             "    print('MAXRSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr
     assert "  norm: rms_normalization" in proc.stdout
     maxrss = int(proc.stdout.split("MAXRSS_MB")[1])
@@ -854,13 +966,15 @@ def test_a_model_over_2_gb_is_checked_rewritten_and_written_without_reading_its_
     (table,) = [t for t in written.graph.initializer if t.name == "embed.weight"]
     assert {e.key: e.value for e in table.external_data}["location"] == "huge.data"
     assert [n.op_type for n in written.graph.node] == ["Gather", sample.PLUGIN_NAME]
-    assert sorted(os.listdir(tmp_path)) == ["huge.data", "huge.onnx", "huge_rmsnorm.onnx"]  # no partial file left
+    # No partial file left.
+    assert sorted(os.listdir(tmp_path)) == ["huge.data", "huge.onnx", "huge_rmsnorm.onnx"]
 
 
-# -- the command line: the report first, on a CPU; one sentence and exit 2 for what a user can fix ---------
+# -- the command line: the report first, on a CPU; one sentence and exit 2 for what a user can fix -
 
 
-def test_the_report_runs_on_a_machine_without_a_gpu_and_writes_the_rewritten_model(exported, tmp_path):
+def test_the_report_runs_on_a_machine_without_a_gpu_and_writes_the_rewritten_model(exported,
+                                                                                   tmp_path):
     model = exported["genai_builder"]
     out = model.with_name("model_rmsnorm.onnx")
     code, stdout, err = run_script(str(model), "--report-only", "-o", str(out), script=COMPANION)
@@ -875,36 +989,40 @@ def test_the_report_runs_on_a_machine_without_a_gpu_and_writes_the_rewritten_mod
 
 def test_without_report_only_the_report_comes_before_the_gpu_check(exported):
     model = exported["llama_dynamo_opset23"]
-    shapes = [f"--{p}-shapes=input_ids:1x{n},attention_mask:1x{n}" for p, n in (("min", 1), ("opt", 8), ("max", 64))]
+    shapes = [f"--{p}-shapes=input_ids:1x{n},attention_mask:1x{n}"
+              for p, n in (("min", 1), ("opt", 8), ("max", 64))]
     code, stdout, err = run_script(str(model), *shapes, script=COMPANION)
     assert code == EXIT_USAGE
     assert "Fused with their residual Add into RmsNormPlugin (4):" in stdout
     assert_one_sentence(err, "no CUDA GPU")
 
 
-def test_two_dynamic_dimensions_without_shapes_are_refused_after_the_report(exported):
-    code, stdout, err = run_script(str(exported["llama_dynamo_opset23"]), script=COMPANION)
-    assert code == EXIT_USAGE
+def test_two_dynamic_dimensions_without_shapes_are_refused_after_the_report(exported, capsys):
+    args = companion.parse_args([str(exported["llama_dynamo_opset23"])])
+    assert companion.main(args) == EXIT_USAGE
+    stdout, err = capsys.readouterr()
     assert "Replaced alone by RmsNormPlugin" in stdout
     assert_one_sentence(err, "is a second dynamic dimension", "--min-shapes")
 
 
-def test_o_outside_the_external_datas_directory_is_refused(exported, tmp_path):
-    code, _, err = run_script(str(exported["llama_dynamo_opset23"]), "--report-only", "-o", str(tmp_path / "m.onnx"),
-                              script=COMPANION)
-    assert code == EXIT_USAGE
-    assert_one_sentence(err, "beside the model's external data")
+def test_o_outside_the_external_datas_directory_is_refused(exported, tmp_path, capsys):
+    args = companion.parse_args([str(exported["llama_dynamo_opset23"]), "--report-only",
+                                 "-o", str(tmp_path / "m.onnx")])
+    assert companion.main(args) == EXIT_USAGE
+    assert_one_sentence(capsys.readouterr().err, "beside the model's external data")
     assert not os.path.exists(tmp_path / "m.onnx")
 
 
 @pytest.mark.parametrize("args, needle", [
     (["MODEL", "--dtype", "bfloat16"], "--dtype applies to the one-node model, not to MODEL.onnx"),
     (["MODEL", "--hidden-dim", "64"], "--hidden-dim applies to the one-node model"),
-    (["MODEL", "--hidden-dim", "0"], "--hidden-dim applies to the one-node model"),  # 0 is given, not absent
+    # 0 is given, not absent
+    (["MODEL", "--hidden-dim", "0"], "--hidden-dim applies to the one-node model"),
     (["MODEL", "--epsilon", "0"], "--epsilon applies to the one-node model"),
     (["-o", "x.onnx"], "-o applies to MODEL.onnx, which was not given"),
     (["--report-only"], "--report-only applies to MODEL.onnx"),
-    (["--min-shapes", "X:1x64", "--opt-shapes", "X:1x64", "--max-shapes", "X:1x64"], "--min-shapes applies to MODEL"),
+    (["--min-shapes", "X:1x64", "--opt-shapes", "X:1x64", "--max-shapes", "X:1x64"],
+     "--min-shapes applies to MODEL"),
     (["MODEL", "--min-shapes", "input_ids:1x1"], "must name the same inputs"),
     (["MODEL", "--min-shapes", "input_ids:1xa"], "'input_ids:1xa' is not NAME:DIMxDIM"),
     (["/nonexistent/model.onnx"], "'/nonexistent/model.onnx' does not exist"),
@@ -914,8 +1032,8 @@ def test_o_outside_the_external_datas_directory_is_refused(exported, tmp_path):
 ])
 def test_flags_a_run_cannot_use_get_one_sentence_before_any_heavy_import(tmp_path, args, needle):
     model = str(onnx_models.save(onnx_models.one_node_model(["n", H]), tmp_path / "m.onnx"))
-    code, out, err = run_script(*[model if a == "MODEL" else a for a in args], prelude=REPORT_HEAVY_IMPORTS,
-                                script=COMPANION)
+    code, out, err = run_script(*[model if a == "MODEL" else a for a in args],
+                                prelude=REPORT_HEAVY_IMPORTS, script=COMPANION)
     assert code == EXIT_USAGE
     assert_one_sentence(err, needle)
     assert heavy_imports(out) == "HEAVY []"
@@ -942,7 +1060,8 @@ def test_a_model_without_an_rmsnorm_is_reported_then_refused_before_any_build(tm
 
 
 def test_without_onnxscript_the_script_says_what_to_install():
-    code, _, err = run_script(prelude="import sys; sys.modules['onnxscript'] = None", script=COMPANION)
+    code, _, err = run_script(prelude="import sys; sys.modules['onnxscript'] = None",
+                              script=COMPANION)
     assert code == EXIT_USAGE
     assert_one_sentence(err, "onnxscript is not installed", "pip install onnx onnx-ir onnxscript")
 
@@ -952,7 +1071,8 @@ def test_help_documents_the_report_first_and_the_exit_codes():
     text = " ".join(out.split())
     assert code == 0
     assert "--report-only" in text and "no GPU or TensorRT needed" in text
-    assert "0 every replaced node matched TensorRT's import, 1 one did not, 2 usage or environment error" in text
+    assert ("0 every replaced node matched TensorRT's import, 1 one did not, 2 usage or "
+            "environment error") in text
 
 
 def test_the_report_is_the_same_in_process(rewrites, capsys):
@@ -960,7 +1080,8 @@ def test_the_report_is_the_same_in_process(rewrites, capsys):
     and each left one with its reason."""
     companion.print_report(*rewrites["gemma_dynamo_opset23"][2:])
     out = capsys.readouterr().out
-    assert out.count("rms_normalization + Cast, X float16, scale float32, epsilon 1e-06, absorbing the Cast back") == 5
+    assert out.count("rms_normalization + Cast, X float16, scale float32, epsilon 1e-06, "
+                     "absorbing the Cast back") == 5
     fused, alone = out.split("Replaced alone by")
     assert fused.count("; with the Add node_add_") == 4 and "S replaces its output 'add_" in fused
     assert alone.count("; alone: its X is not an Add of two activations (a Mul writes it)") == 1

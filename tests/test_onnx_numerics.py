@@ -1,13 +1,15 @@
-"""CPU: rms_norm_onnx_model.py's tolerances for ONNX RMSNormalization, against a NumPy evaluation of the op.
+"""CPU: rms_norm_onnx_model.py's tolerances for ONNX RMSNormalization, against a NumPy evaluation
+of the op.
 
 ONNX's RMSNormalization with stash_type=1 computes x / sqrt(mean(x^2) + epsilon)
 in FP32, casts that to X's dtype, and multiplies by the scale in the scale's
 dtype (the operator's documented two stages; onnx.reference skips the cast, so
 it is written out here). This kernel multiplies in FP32 and rounds once. The
 companion derives from the dtypes' fraction bits p, with u = 2^-(p+1):
-    onnx_tolerance     each side against exact: prod(1 + u) - 1 over its roundings (+ FP32 noise);
-                       two roundings of one dtype: 2u + u^2
-    engines_tolerance  the two sides: the sum of both; X and scale of one dtype: 3u + u^2 (+ subnormals)
+    onnx_tolerance     each side against exact: prod(1 + u) - 1 over its roundings
+                       (+ FP32 noise); two roundings of one dtype: 2u + u^2
+    engines_tolerance  the two sides: the sum of both; X and scale of one dtype: 3u + u^2
+                       (+ subnormals)
 The bounds are checked here against evaluations of both definitions, and
 shown to refuse what they must: an error of two ulps at the bottom of a
 binade, where 2 ulp = 4u|y| exceeds three roundings.
@@ -20,25 +22,32 @@ import torch
 import rms_norm_onnx_model as companion
 import rms_norm_plugin_cutedsl as sample
 
-FRACTION_BITS = {"float16": 10, "bfloat16": 7}  # IEEE half and bfloat16, written out independently of the sample
+# IEEE half and bfloat16, written out independently of the lesson.
+FRACTION_BITS = {"float16": 10, "bfloat16": 7}
 
 
 def to_dtype(values, dtype):
-    """Round float64 values to `dtype` (round to nearest even, through torch) and return them as float64."""
-    return torch.from_numpy(np.asarray(values, np.float64)).to(getattr(torch, dtype)).double().numpy()
+    """Round float64 values to `dtype` (round to nearest even, through torch) and return them as
+    float64."""
+    rounded = torch.from_numpy(np.asarray(values, np.float64)).to(getattr(torch, dtype))
+    return rounded.double().numpy()
 
 
 def onnx_rms_norm(x, scale, eps, dtype):
-    """RMSNormalization-23, stash_type=1, by its definition: FP32 statistics, Normalized cast to X's type, * scale."""
+    """RMSNormalization-23, stash_type=1, by its definition: FP32 statistics, Normalized cast to
+    X's type, * scale."""
     x32 = x.astype(np.float32)
     rms = np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps))
-    normalized = to_dtype(x32 / rms, dtype)         # first rounding
-    return to_dtype(normalized * scale, dtype)      # the product of two dtype values, rounded: the second
+    normalized = to_dtype(x32 / rms, dtype)  # the first rounding
+    # The product of two dtype values, rounded: the second.
+    return to_dtype(normalized * scale, dtype)
 
 
 def node(dtype, scale_dtype=None, cast=""):
-    """A replaced node of X `dtype` and scale `scale_dtype` (default the same), as the rewrite describes it."""
-    return companion.Replaced("norm", "rms_normalization", ("X",), "S", "Y", 1e-5, dtype, scale_dtype or dtype, cast)
+    """A replaced node of X `dtype` and scale `scale_dtype` (default the same), as the rewrite
+    describes it."""
+    return companion.Replaced("norm", "rms_normalization", ("X",), "S", "Y", 1e-5, dtype,
+                              scale_dtype or dtype, cast)
 
 
 def within(y, x, scale, eps, relative):
@@ -77,7 +86,8 @@ def test_onnx_definition_is_within_two_roundings_of_exact(dtype, seed):
     assert companion.onnx_tolerance(theirs) == 2 * companion.rounding_error(dtype) + \
         companion.rounding_error(dtype) ** 2 + companion.FP32_NOISE
     assert within(y, x, scale, 1e-5, companion.onnx_tolerance(theirs))
-    # Premise of the bound: the first rounding's error really reaches past one rounding's worth somewhere.
+    # Premise of the bound: the first rounding's error really reaches past one rounding's worth
+    # somewhere.
     assert np.max(np.abs(y - exact) / np.abs(exact)) > companion.rounding_error(dtype)
 
 
@@ -88,7 +98,8 @@ def test_the_two_definitions_are_within_three_roundings(dtype, seed):
     exact = sample.rms_norm_reference(x, scale, 1e-5)
     onnx, ours = onnx_rms_norm(x, scale, 1e-5, dtype), kernel_rms_norm(x, scale, 1e-5, dtype)
     assert np.any(onnx != ours), "the definitions differ somewhere (else this checks nothing)"
-    assert np.all(np.abs(onnx - ours) <= companion.engines_tolerance(node(dtype), np.abs(exact), scale))
+    bound = companion.engines_tolerance(node(dtype), np.abs(exact), scale)
+    assert np.all(np.abs(onnx - ours) <= bound)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -106,25 +117,29 @@ def test_onnx_tolerance_refuses_an_error_of_three_roundings(dtype):
     x, scale = case(dtype, 2, rows=4)
     exact = sample.rms_norm_reference(x, scale, 1e-5)
     off = exact * (1 + 3 * companion.rounding_error(dtype))
-    assert not within(off, x, scale, 1e-5, companion.onnx_tolerance(companion.roundings(node(dtype))[1]))
+    relative = companion.onnx_tolerance(companion.roundings(node(dtype))[1])
+    assert not within(off, x, scale, 1e-5, relative)
 
 
 def test_fp16_subnormal_outputs_are_allowed_half_a_spacing_per_rounding():
-    """A tiny scale puts y among fp16's subnormals, where roundings err absolutely: the two definitions
-    still agree within the bound, and only because of its absolute term."""
+    """A tiny scale puts y among fp16's subnormals, where roundings err absolutely: the two
+    definitions still agree within the bound, and only because of its absolute term."""
     x, _ = case("float16", 3, rows=64, hidden=256)
     scale = np.full(256, 2.0 ** -20)  # y ~ 2^-20: subnormal in fp16 (below 2^-14)
     exact = sample.rms_norm_reference(x, scale, 1e-5)
-    diff = np.abs(onnx_rms_norm(x, scale, 1e-5, "float16") - kernel_rms_norm(x, scale, 1e-5, "float16"))
+    theirs = onnx_rms_norm(x, scale, 1e-5, "float16")
+    diff = np.abs(theirs - kernel_rms_norm(x, scale, 1e-5, "float16"))
     bound = companion.engines_tolerance(node("float16"), np.abs(exact), scale)
     assert np.all(diff <= bound)
-    relative_only = bound - 3 * 2.0 ** -25 * (1 + scale)  # three roundings, half of fp16's subnormal spacing each
+    # Three roundings, half of fp16's subnormal spacing each.
+    relative_only = bound - 3 * 2.0 ** -25 * (1 + scale)
     assert np.any(diff > relative_only)
 
 
 def test_a_replaced_node_is_allowed_what_exact_rmsnorm_makes_of_its_input_difference():
-    """check_replaced (rms_norm_onnx_model.py): when an earlier node made the engines' X differ, the bound
-    adds |exact(X_ours) - exact(X_theirs)|; without that term the same outputs would be refused."""
+    """check_replaced (rms_norm_onnx_model.py): when an earlier node made the engines' X differ,
+    the bound adds |exact(X_ours) - exact(X_theirs)|; without that term the same outputs would be
+    refused."""
     rewrite = companion
     x, scale = case("float16", 4, rows=64, hidden=256)
     rng = np.random.default_rng(5)
@@ -134,32 +149,38 @@ def test_a_replaced_node_is_allowed_what_exact_rmsnorm_makes_of_its_input_differ
     theirs = {"X": x_theirs, "Y": onnx_rms_norm(x_theirs, scale, 1e-5, "float16")}
     assert rewrite.check_replaced(ours, theirs, {"S": scale}, replaced)[0]
     exact = sample.rms_norm_reference(x_theirs, scale, 1e-5)
-    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > companion.engines_tolerance(replaced, np.abs(exact), scale))
+    bound = companion.engines_tolerance(replaced, np.abs(exact), scale)
+    assert np.any(np.abs(ours["Y"] - theirs["Y"]) > bound)
     wrong = dict(ours, Y=to_dtype(ours["Y"] * 1.01, "float16"))  # a real error: 1 %
     assert not rewrite.check_replaced(wrong, theirs, {"S": scale}, replaced)[0]
 
 
 def onnx_rms_norm_mixed(x, scale, eps, dtype, scale_dtype):
-    """RMSNormalization with X `dtype` and scale `scale_dtype`: Normalized cast to X's type, then to the scale's
-    (CastLike, for the Mul), times the scale, rounded to the scale's dtype, then a Cast back to X's dtype."""
+    """RMSNormalization with X `dtype` and scale `scale_dtype`: Normalized cast to X's type, then
+    to the scale's (CastLike, for the Mul), times the scale, rounded to the scale's dtype, then a
+    Cast back to X's dtype."""
     x32 = x.astype(np.float32)
-    normalized = to_dtype(x32 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps)), dtype)
+    rms = np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(eps))
+    normalized = to_dtype(x32 / rms, dtype)
     return to_dtype(to_dtype(to_dtype(normalized, scale_dtype) * scale, scale_dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype, scale_dtype", [("float16", "float32"), ("bfloat16", "float32"),
                                                 ("float16", "bfloat16"), ("bfloat16", "float16")])
 def test_an_absorbed_cast_back_is_within_the_rounding_list_of_both_dtypes(dtype, scale_dtype):
-    """X and scale of different dtypes, the Cast back absorbed (Gemma's export): the definition stays within
-    the bound of the roundings the companion lists, and the bound is no wider than it needs for X and scale
-    of one dtype when the scale is fp32, beyond its two fp32 roundings."""
+    """X and scale of different dtypes, the Cast back absorbed (Gemma's export): the definition
+    stays within the bound of the roundings the companion lists, and the bound is no wider than it
+    needs for X and scale of one dtype when the scale is fp32, beyond its two fp32 roundings."""
     x, _ = case(dtype, 5)
     scale = to_dtype(np.random.default_rng(6).uniform(-1.5, 1.5, x.shape[-1]), scale_dtype)
     replaced = node(dtype, scale_dtype, "absorbed")
     exact = sample.rms_norm_reference(x, scale, 1e-5)
-    theirs, ours = onnx_rms_norm_mixed(x, scale, 1e-5, dtype, scale_dtype), kernel_rms_norm(x, scale, 1e-5, dtype)
-    assert np.all(np.abs(theirs - ours) <= companion.engines_tolerance(replaced, np.abs(exact), scale))
-    assert within(theirs, x, scale, 1e-5, companion.onnx_tolerance(companion.roundings(replaced)[1]))
+    theirs = onnx_rms_norm_mixed(x, scale, 1e-5, dtype, scale_dtype)
+    ours = kernel_rms_norm(x, scale, 1e-5, dtype)
+    bound = companion.engines_tolerance(replaced, np.abs(exact), scale)
+    assert np.all(np.abs(theirs - ours) <= bound)
+    relative = companion.onnx_tolerance(companion.roundings(replaced)[1])
+    assert within(theirs, x, scale, 1e-5, relative)
     if scale_dtype == "float32":
         same = companion.engines_tolerance(node(dtype), np.ones(1), np.ones(1))
         assert companion.engines_tolerance(replaced, np.ones(1), np.ones(1)) < same + 3 * 2.0 ** -24

@@ -1,4 +1,5 @@
-"""Real TensorRT >= 10.9 (marker `trt`): the AOT flavor end to end. Skipped where TensorRT is absent.
+"""Real TensorRT >= 10.9 (marker `trt`): the AOT flavor end to end. Skipped where TensorRT is
+absent.
 
 Engines are run through an execution context on torch buffers, not Polygraphy's
 TrtRunner, which cannot find a pip-installed CUDA 13 runtime.
@@ -17,14 +18,16 @@ pytestmark = pytest.mark.trt
 AOT_SCRIPT = ROOT / "rms_norm_aot_cutedsl.py"
 
 
-@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"), ("float32", "float32"),
-                                            ("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "float16")])
+@pytest.mark.parametrize("dtype, w_dtype", [("float16", "float32"), ("bfloat16", "float32"),
+                                            ("float32", "float32"), ("float16", "float16"),
+                                            ("bfloat16", "bfloat16"), ("float32", "float16")])
 @pytest.mark.parametrize("extra", [[], ["--hidden-dim", "4096", "--epsilon", "1e-3"]])
 def test_aot_script_builds_runs_and_checks(dtype, w_dtype, extra):
-    """Builds through tensorrt.plugin's real get_launch_params (issue 19 item 1) with a float32-array
-    epsilon attribute, which every TensorRT from 10.9 parses under NumPy 2.4 (item 2)."""
-    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype, "--weight-dtype", w_dtype, *extra],
-                          capture_output=True, text=True)
+    """Builds through tensorrt.plugin's real get_launch_params (issue 19 item 1) with a
+    float32-array epsilon attribute, which every TensorRT from 10.9 parses under NumPy 2.4 (item
+    2)."""
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--dtype", dtype,
+                           "--weight-dtype", w_dtype, *extra], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Inference result correct!" in proc.stdout
 
@@ -55,8 +58,10 @@ if build:
     open(engine_path, "wb").write(engine.serialize())
 else:
     import tensorrt as trt
-    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(engine_path, "rb").read())
-    assert not [m for m in sys.modules if m.startswith("rms_norm")], "the loader must not import the plugin"
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(open(engine_path, "rb").read())
+    imported = [m for m in sys.modules if m.startswith("rms_norm")]
+    assert not imported, "the loader must not import the plugin"
 gen = torch.Generator().manual_seed(7)
 x = torch.randn(128, 1024, generator=gen).half().cuda()
 w = torch.rand(1024, generator=gen).cuda()
@@ -76,23 +81,24 @@ def test_aot_engine_runs_in_a_process_that_never_imports_the_plugin(tmp_path):
     engine = tmp_path / "rms_aot.engine"
     code = RUN_ENGINE.format(root=str(ROOT))
     for mode in ("build", "load"):
-        proc = subprocess.run([sys.executable, "-c", code, str(engine), str(tmp_path / f"{mode}.npy"), mode],
+        out = str(tmp_path / f"{mode}.npy")
+        proc = subprocess.run([sys.executable, "-c", code, str(engine), out, mode],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     assert np.array_equal(np.load(tmp_path / "build.npy"), np.load(tmp_path / "load.npy"))
 
 
 def test_aot_script_saves_its_engine_with_a_record_and_a_later_run_loads_it(tmp_path):
-    """--engine goes through rms_norm_saved_engine.py: built and saved once, then loaded, and either way the
-    run says how to run the engine without Python."""
+    """--engine goes through rms_norm_saved_engine.py: built and saved once, then loaded, and
+    either way the run says how to run the engine without Python."""
     import json
 
     import rms_norm_aot_cutedsl as aot
 
     engine = tmp_path / "rms_aot.engine"
     for expected in ("Saved engine", "Loaded engine"):
-        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine)], capture_output=True,
-                              text=True)
+        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine)],
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert expected in proc.stdout and "Inference result correct!" in proc.stdout
         assert f"trtexec --loadEngine={engine} --shapes=X:128x1024" in proc.stdout
@@ -101,10 +107,12 @@ def test_aot_script_saves_its_engine_with_a_record_and_a_later_run_loads_it(tmp_
 
 
 @pytest.mark.parametrize("dtype, extra", [("float16", []), ("bfloat16", ["--hidden-dim", "4096"]),
-                                          ("float32", ["--hidden-dim", "6144", "--weight-dtype", "float16"])])
+                                          ("float32", ["--hidden-dim", "6144",
+                                                       "--weight-dtype", "float16"])])
 def test_aot_script_builds_the_fused_op_with_residual(tmp_path, dtype, extra):
-    """--residual: the fused op, (X, R, W) -> (Y, S), built, saved, loaded and checked (S bit for bit) at every
-    count the run checks; a row of 8 KB staged with R (4096 bf16) and one past 48 KB in registers (6144 fp32)."""
+    """--residual: the fused op, (X, R, W) -> (Y, S), built, saved, loaded and checked (S bit for
+    bit) at every count the run checks; a row of 8 KB staged with R (4096 bf16) and one past 48 KB
+    in registers (6144 fp32)."""
     import json
 
     import rms_norm_aot_cutedsl as aot
@@ -112,25 +120,28 @@ def test_aot_script_builds_the_fused_op_with_residual(tmp_path, dtype, extra):
     engine = tmp_path / "add_rms_aot.engine"
     hidden = extra[1] if extra else "1024"
     for expected in ("Saved engine", "Loaded engine"):
-        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--residual", "--dtype", dtype, *extra,
-                               "--engine", str(engine)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--residual", "--dtype", dtype,
+                               *extra, "--engine", str(engine)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert expected in proc.stdout and "Inference result correct!" in proc.stdout
-        assert "X and R" in proc.stdout and "S != X + R" not in proc.stdout and "S == X + R" in proc.stdout
+        assert "X and R" in proc.stdout
+        assert "S != X + R" not in proc.stdout and "S == X + R" in proc.stdout
         assert f"--shapes=X:128x{hidden},R:128x{hidden}" in proc.stdout
     record = json.loads((tmp_path / "add_rms_aot.engine.json").read_text())
     assert (record["plugin"], record["residual"]) == (aot.FUSED_OP_NAME, True)
 
 
 @pytest.mark.skipif(shutil.which("trtexec") is None, reason="trtexec is not on PATH")
-@pytest.mark.parametrize("flags, shapes", [([], "X:128x1024"), (["--residual"], "X:128x1024,R:128x1024")])
+@pytest.mark.parametrize("flags, shapes", [([], "X:128x1024"),
+                                           (["--residual"], "X:128x1024,R:128x1024")])
 def test_trtexec_loads_the_aot_engine(tmp_path, flags, shapes):
     engine = tmp_path / "rms_aot.engine"
-    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine), *flags], capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, str(AOT_SCRIPT), "--engine", str(engine), *flags],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"--shapes={shapes}" in proc.stdout
-    proc = subprocess.run(["trtexec", f"--loadEngine={engine}", f"--shapes={shapes}"], capture_output=True, text=True)
+    proc = subprocess.run(["trtexec", f"--loadEngine={engine}", f"--shapes={shapes}"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -144,9 +155,10 @@ def test_aot_script_builds_the_fp8_ops_with_y_scale(tmp_path, flags, op):
     import json
 
     import rms_norm_aot_cutedsl as aot
+    import rms_norm_fused_cutedsl as fused
     import rms_norm_plugin_cutedsl as sample
 
-    if not sample.has_fp8(sample.gpu_arch()):
+    if not fused.has_fp8(sample.gpu_arch()):
         pytest.skip("the FP8 form needs an sm_89+ GPU")
     engine = tmp_path / "fp8_aot.engine"
     for expected in ("Saved engine", "Loaded engine"):

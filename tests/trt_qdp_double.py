@@ -1,4 +1,4 @@
-"""TEST DOUBLE: the C++-backed part of ``tensorrt`` that TensorRT's own ``tensorrt.plugin`` package needs.
+"""TEST DOUBLE: the C++-backed part of ``tensorrt`` that TensorRT's ``tensorrt.plugin`` needs.
 
 It is NOT TensorRT. ``tensorrt.plugin`` (pure Python, inside the
 tensorrt-cu12-bindings wheel) imports ``tensorrt`` for enums, field and
@@ -10,8 +10,11 @@ IDimensionExpr, IExprBuilder, PluginTensorDesc, DynamicPluginTensorDesc,
 ISymExpr, ISymExprs, KernelLaunchParams, the enums), ``pyTensorRT.cpp``
 (PluginFieldCollection: ``py::bind_vector<std::vector<PluginField>>``) and
 ``pyFoundationalTypes.cpp`` (Dims, DataType); the enums and plugin fields are
-those of support/trt_standin.py, which mirror the same sources. Everything else the tests call
-(``tensorrt.plugin`` itself, the sample's functions) is the real code.
+those of support/trt_standin.py, which mirror the same sources. The plugin
+registry returns what ``IPluginRegistry`` returns (``register_creator``: False
+where a creator of that name, version and namespace is there already).
+Everything else the tests call (``tensorrt.plugin`` itself, the AOT flavor's
+functions) is the real code.
 
 One addition has no counterpart in TensorRT: ``SymbolicDim`` stands for a
 dimension TensorRT leaves symbolic (the token count), and ``Expr.evaluate``
@@ -61,7 +64,8 @@ class QuickPluginCreationRequest(enum.IntEnum):  # exists from TensorRT 10.9 (AO
 
 
 float32, float16, bfloat16, int32 = DataType.FLOAT, DataType.HALF, DataType.BF16, DataType.INT32
-_NPTYPES = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT32: np.int32, DataType.INT8: np.int8}
+_NPTYPES = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT32: np.int32,
+            DataType.INT8: np.int8}
 
 
 def nptype(trt_type):
@@ -89,7 +93,10 @@ class Dims(tuple):
 
 class PluginTensorDesc:
     def __init__(self):
-        self.dims, self.type, self.format, self.scale = Dims(), DataType.FLOAT, TensorFormat.LINEAR, 1.0
+        self.dims = Dims()
+        self.type = DataType.FLOAT
+        self.format = TensorFormat.LINEAR
+        self.scale = 1.0
 
     def __setattr__(self, name, value):
         super().__setattr__(name, Dims(value) if name == "dims" else value)
@@ -141,7 +148,11 @@ class _Registry:
         self._creators = {}
 
     def register_creator(self, creator, namespace=""):
-        self._creators.setdefault((creator.name, creator.plugin_version, namespace), creator)
+        """False, and the registry unchanged, where a creator of that key is there already."""
+        key = (creator.name, creator.plugin_version, namespace)
+        if key in self._creators:
+            return False
+        self._creators[key] = creator
         return True
 
     def get_creator(self, name, version, namespace=""):
@@ -159,10 +170,15 @@ class Expr(IDimensionExpr):
     """A constant, a symbolic dimension or an operation on two expressions."""
 
     _OPS = {
-        DimensionOperation.SUM: operator.add, DimensionOperation.PROD: operator.mul,
-        DimensionOperation.MAX: max, DimensionOperation.MIN: min, DimensionOperation.SUB: operator.sub,
-        DimensionOperation.EQUAL: lambda a, b: int(a == b), DimensionOperation.LESS: lambda a, b: int(a < b),
-        DimensionOperation.FLOOR_DIV: operator.floordiv, DimensionOperation.CEIL_DIV: lambda a, b: -(-a // b),
+        DimensionOperation.SUM: operator.add,
+        DimensionOperation.PROD: operator.mul,
+        DimensionOperation.MAX: max,
+        DimensionOperation.MIN: min,
+        DimensionOperation.SUB: operator.sub,
+        DimensionOperation.EQUAL: lambda a, b: int(a == b),
+        DimensionOperation.LESS: lambda a, b: int(a < b),
+        DimensionOperation.FLOOR_DIV: operator.floordiv,
+        DimensionOperation.CEIL_DIV: lambda a, b: -(-a // b),
     }
 
     def __init__(self, value=None, op=None, args=()):
@@ -173,11 +189,13 @@ class Expr(IDimensionExpr):
 
     def get_constant_value(self):
         if self._value is None:
-            raise ValueError("not a build-time constant")  # TensorRT returns a meaningless value here
+            # TensorRT returns a meaningless value here; the double refuses it.
+            raise ValueError("not a build-time constant")
         return self._value
 
     def evaluate(self, **symbols) -> int:
-        """Not in TensorRT: the expression's value for concrete values of the symbolic dimensions."""
+        """Not in TensorRT: the expression's value for concrete values of the symbolic
+        dimensions."""
         if self._value is not None:
             return self._value
         if self._op is None:
@@ -241,20 +259,24 @@ class KernelLaunchParams:
     """IKernelLaunchParams: grid, block and shared memory, each an ISymExpr."""
 
     def __init__(self):
-        self.grid_x = self.grid_y = self.grid_z = self.block_x = self.block_y = self.block_z = self.shared_mem = None
+        self.grid_x = self.grid_y = self.grid_z = None
+        self.block_x = self.block_y = self.block_z = None
+        self.shared_mem = None
 
 
 def make_tensorrt(version: str, aot: bool = True) -> types.ModuleType:
-    """A fresh ``tensorrt`` double for one TensorRT version; ``aot=False`` leaves out what arrived in 10.9."""
+    """A fresh ``tensorrt`` double for one TensorRT version; ``aot=False`` leaves out what arrived
+    in 10.9."""
     module = types.ModuleType("tensorrt", __doc__)
     module.__version__ = version
     for name, value in globals().items():
-        if name.startswith("_") or name in ("make_tensorrt", "SymbolicDim", "Expr") or isinstance(value, types.ModuleType):
+        not_tensorrt = name in ("make_tensorrt", "SymbolicDim", "Expr")
+        if name.startswith("_") or not_tensorrt or isinstance(value, types.ModuleType):
             continue
         module.__dict__[name] = value
     if not aot:
-        for name in ("QuickPluginCreationRequest", "IPluginV3QuickAOTBuild", "ISymExpr", "ISymExprs",
-                     "KernelLaunchParams", "PluginArgType", "PluginArgDataType"):
+        for name in ("QuickPluginCreationRequest", "IPluginV3QuickAOTBuild", "ISymExpr",
+                     "ISymExprs", "KernelLaunchParams", "PluginArgType", "PluginArgDataType"):
             del module.__dict__[name]
     registry = _Registry()
     module.get_plugin_registry = lambda: registry
