@@ -471,13 +471,13 @@ def compile_decoder(model: Logits, input_ids: torch.Tensor, max_tokens: int):
     return torch_tensorrt.dynamo.compile(exported, arg_inputs=[ids], min_block_size=1)
 
 
-def save_compiled(compiled, path: str, input_ids: torch.Tensor):
+def save_compiled(compiled, path: str, example_inputs: list):
     """torch_tensorrt.save to path.tmp, then renamed: a failed save leaves no half-written file."""
     import torch_tensorrt
 
     partial = f"{path}.tmp"
     try:
-        torch_tensorrt.save(compiled, partial, arg_inputs=[input_ids])
+        torch_tensorrt.save(compiled, partial, arg_inputs=example_inputs)
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
     print(f"logits against the original module: relative error {error:.2e} "
           f"(tolerance {LOGITS_TOLERANCE[args.dtype]:.0e})")
     if args.save is not None:
-        save_compiled(compiled, args.save, input_ids)
+        save_compiled(compiled, args.save, [input_ids])
         print(f"saved to {args.save}; torch_tensorrt.load runs it without this file")
     print("Inference result correct!" if correct else "Inference result incorrect!")
     return lesson.EXIT_CORRECT if correct else lesson.EXIT_INCORRECT
