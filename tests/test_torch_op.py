@@ -191,21 +191,28 @@ def test_torch_compile_traces_both_ops_into_one_graph():
     assert ops_in(graphs[0].graph) == {"rms_norm": 1, "add_rms_norm": 1}
 
 
-class Norms(torch.nn.Module):
-    def __init__(self, hidden):
+class Forms(torch.nn.Module):
+    """Both forms in a module: rms_norm with a bfloat16 W, then add_rms_norm of its Y with a
+    Gemma-style 1 + w in float32; epsilons: the two norms' epsilon."""
+
+    def __init__(self, hidden, epsilons=(1e-6, 2.0**-10)):
         super().__init__()
-        self.w = torch.nn.Parameter(torch.rand(hidden, dtype=torch.bfloat16))
-        self.w2 = torch.nn.Parameter(torch.rand(hidden))
+        generator = torch.Generator().manual_seed(hidden)
+        self.w = torch.nn.Parameter(torch.rand(hidden, generator=generator).bfloat16())
+        self.g = torch.nn.Parameter(torch.rand(hidden, generator=generator) - 0.5)
+        self.epsilons = epsilons
 
     def forward(self, x, r):
-        return norms(x, r, self.w, self.w2)
+        y = OPS.rms_norm(x, self.w, self.epsilons[0])
+        y2, s = OPS.add_rms_norm(y, r, 1.0 + self.g.float(), self.epsilons[1])
+        return y, y2, s
 
 
 def test_torch_export_keeps_the_token_count_dynamic():
     x = torch.randn(8, 256, dtype=torch.bfloat16)
     tokens = torch.export.Dim("tokens", min=1, max=4096)
     with torch.no_grad():
-        exported = torch.export.export(Norms(256), (x, x.clone()),
+        exported = torch.export.export(Forms(256), (x, x.clone()),
                                        dynamic_shapes=({0: tokens}, {0: tokens}))
     assert ops_in(exported.graph) == {"rms_norm": 1, "add_rms_norm": 1}
     (node,) = [n for n in exported.graph.nodes if n.target == OPS.rms_norm.default]

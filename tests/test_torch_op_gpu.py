@@ -16,6 +16,7 @@ import torch
 import rms_norm_fused_cutedsl as fused
 import rms_norm_plugin_cutedsl as lesson
 import rms_norm_torch_op as op
+from test_torch_op import Forms
 
 OPS = torch.ops.rms_norm_cutedsl
 EPS = 1e-5
@@ -170,21 +171,6 @@ def test_a_torch_compiled_decoder_with_the_op_matches_the_original(model, dtype)
             assert op.relative_error(compiled(ids), expected) <= op.LOGITS_TOLERANCE[dtype]
 
 
-class Forms(torch.nn.Module):
-    """rms_norm with a bfloat16 W, then add_rms_norm of its Y with a Gemma-style 1 + w."""
-
-    def __init__(self, hidden):
-        super().__init__()
-        generator = torch.Generator().manual_seed(hidden)
-        self.w = torch.nn.Parameter(torch.rand(hidden, generator=generator).bfloat16())
-        self.g = torch.nn.Parameter(torch.rand(hidden, generator=generator) - 0.5)
-
-    def forward(self, x, r):
-        y = OPS.rms_norm(x, self.w, EPS)
-        y2, s = OPS.add_rms_norm(y, r, 1.0 + self.g.float(), EPS)
-        return y, y2, s
-
-
 @pytest.mark.trt
 def test_torch_tensorrt_runs_both_forms_inside_its_engine(tmp_path):
     """Every op call in the engine (none left in PyTorch), a dynamic token count, the engine's
@@ -193,7 +179,7 @@ def test_torch_tensorrt_runs_both_forms_inside_its_engine(tmp_path):
 
     op.register_converters()
     hidden = 4096
-    module = Forms(hidden).cuda().eval()
+    module = Forms(hidden, (EPS, EPS)).cuda().eval()
     w = module.w.detach().cpu()
     g = 1.0 + module.g.detach().float().cpu()
     x, _, r = inputs(8, hidden, "bfloat16", "float32", seed=1)

@@ -34,7 +34,7 @@ import rms_norm_aot_cutedsl as aot
 import rms_norm_torch_op as op
 import trt_qdp_double
 from test_aot_qdp import bindings_wheels, build, f32_literal, load_tensorrt_plugin  # noqa: F401
-from test_torch_op import NORMS, OPS, decoder
+from test_torch_op import NORMS, OPS, Forms, decoder
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
 ARCH = "sm_90a"
@@ -183,21 +183,6 @@ def test_register_converters_refuses_torch_tensorrt_rtx_in_one_sentence(torch_te
         op.register_converters(ARCH)
 
 
-class Forms(torch.nn.Module):
-    """Both forms: rms_norm with a bfloat16 W, add_rms_norm with a Gemma-style 1 + w."""
-
-    def __init__(self, hidden):
-        super().__init__()
-        generator = torch.Generator().manual_seed(hidden)
-        self.w = torch.nn.Parameter(torch.rand(hidden, generator=generator).bfloat16())
-        self.g = torch.nn.Parameter(torch.rand(hidden, generator=generator) - 0.5)
-
-    def forward(self, x, r):
-        y = OPS.rms_norm(x, self.w, EPS)
-        y2, s = OPS.add_rms_norm(y, r, 1.0 + self.g.float(), EPS2)
-        return y2 * 2, s
-
-
 def constant_values(network, tensor):
     """The weights of the constant layer whose output is `tensor`."""
     import tensorrt_rtx
@@ -213,7 +198,7 @@ def constant_values(network, tensor):
 
 def test_the_converters_add_each_form_as_its_aot_plugin(convert, qdp, torch_tensorrt):
     trt, _ = qdp
-    module = Forms(256)
+    module = Forms(256, (EPS, EPS2))
     x = torch.randn(8, 256, dtype=torch.bfloat16)
     tokens = torch.export.Dim("tokens", min=1, max=4096)
     network = convert(module, (x, x.clone()), ({0: tokens}, {0: tokens}),
