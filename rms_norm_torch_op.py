@@ -517,6 +517,8 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace):
         parser.error(f"--tokens ({args.tokens}) must be <= --max-tokens ({args.max_tokens})")
     if args.save is not None and args.swap_only:
         parser.error("--save needs the compiled module, which --swap-only does not make")
+    if args.save is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.save))):
+        parser.error(f"--save {args.save}: its directory does not exist")
     return args
 
 
@@ -562,7 +564,12 @@ def main(argv=None) -> int:
         original.cuda()
         model.cuda()
         expected = original(input_ids)
-        compiled = compile_decoder(model, input_ids, args.max_tokens)
+        try:
+            with lesson.tensorrt_stage("Torch-TensorRT compile"):
+                compiled = compile_decoder(model, input_ids, args.max_tokens)
+        except lesson.TensorRTError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return lesson.EXIT_USAGE
         print(f"compiled with Torch-TensorRT: {ops_left_in_pytorch(compiled)} calls of the op "
               "left in PyTorch, the others in the engine")
         error = relative_error(compiled(input_ids), expected)

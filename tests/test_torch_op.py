@@ -379,6 +379,7 @@ def test_the_cli_names_transformers_when_it_is_missing(monkeypatch, capsys):
     (["--tokens", "65", "--max-tokens", "64"], r"--tokens \(65\) must be <= --max-tokens \(64\)"),
     (["--swap-only", "--save", "m.ep"], "--save needs the compiled module, which --swap-only "
                                         "does not make"),
+    (["--save", "/nonexistent/m.ep"], "--save /nonexistent/m.ep: its directory does not exist"),
 ])
 def test_the_cli_refuses_a_flag_in_one_sentence(argv, sentence, capsys):
     with pytest.raises(SystemExit) as exit_info:
