@@ -122,16 +122,18 @@ def test_the_fp8_ops_quantize_the_reference(dtype, hidden, residual):
 
 @pytest.mark.gpu
 def test_the_op_runs_on_torchs_current_stream():
-    """X is written on a side stream held up by a sleep kernel: a kernel launched on any other
-    stream would read X before that write lands, and normalize zeros."""
+    """X is written on a side stream held up by a sleep kernel (torch's side streams do not wait
+    for the default stream, nor it for them): a kernel launched on any other stream would read
+    X before that write lands, and normalize zeros."""
     x, w = lesson.make_inputs(512, 4096, "bfloat16", 5)
-    x_gpu = torch.zeros_like(x, device="cuda")
+    x_values = x.cuda()
+    x_gpu = torch.zeros_like(x_values)
     w_gpu = w.cuda()
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU cycles
-        x_gpu.copy_(x, non_blocking=False)
+        x_gpu.copy_(x_values)  # device to device: the host does not wait
         y = OPS.rms_norm(x_gpu, w_gpu, EPS)
     side.synchronize()
     check_plain(x, w, y, "bfloat16")
