@@ -222,7 +222,7 @@ class FusedPlan(KernelPlan):
             f"r{self.rows_per_cta}q{self.rows_in_sequence}c{self.cluster_ctas}"
             f"m{self.min_ctas_per_sm}k{self.vecs_per_thread}"
             f"_w{weight}_{self.arrival.replace('.', '')}{'_residual' * self.residual}"
-            f"{'_rvector' * self.residual_by_vector}"
+            f"{'_rv' * self.residual_by_vector}"
         )
 
     def describe(self) -> str:
@@ -1271,14 +1271,6 @@ def one_node_onnx_network(attributes: dict, inputs: dict, outputs: dict):
     model = helper.make_model(graph, ir_version=8, opset_imports=[opset])
     with lesson.tensorrt_stage("ONNX parse"):
         return network_from_onnx_bytes(model.SerializeToString(), strongly_typed=True)
-
-
-def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
-    """The same network, from a one-node ONNX model: X, W in, Y out."""
-    register_creator()  # the parser finds the plugin in the registry
-    inputs = io_shapes(hidden, {"X": dtype, "W": w_dtype})
-    outputs = io_shapes(hidden, {"Y": dtype})
-    return one_node_onnx_network({"epsilon": float(epsilon)}, inputs, outputs)
 
 
 def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
