@@ -1,10 +1,12 @@
 """TEST DOUBLE: a minimal stand-in for the ``tensorrt`` module, for GPU machines without TensorRT.
 
-It is NOT TensorRT. It offers only the names rms_norm_plugin_cutedsl.py touches
-at run time (plugin base classes, fields, dtypes, tensor descriptors, the
-registry), so the GPU tests and the benchmarks can drive the plugin's own
-methods exactly as TensorRT calls them: TensorRT-shaped descriptors, raw
-device pointers and a stream handle. tests/test_standin_names.py checks on the
+It is NOT TensorRT. It offers only the names rms_norm_plugin_cutedsl.py and
+rms_norm_fused_cutedsl.py touch at run time (plugin base classes, fields,
+dtypes, tensor descriptors, the registry, whose deregister_creator the fused
+companion's register_creator calls to take the lesson's place), so the GPU
+tests and the benchmarks can drive the plugins' own methods exactly as
+TensorRT calls them: TensorRT-shaped descriptors, raw device pointers and a
+stream handle. tests/test_standin_names.py checks on the
 CPU that every name offered here exists with the same spelling on real
 TensorRT-family bindings (TensorRT-RTX).
 
@@ -168,6 +170,10 @@ class PluginTensorDesc:
 
 
 class _Registry:
+    """IPluginRegistry as pyPlugin.cpp binds it: register_creator returns False where a creator of
+    the same name, version and namespace is registered; deregister_creator removes that very
+    creator, True if it was registered, False if not (another creator of its key stays)."""
+
     def __init__(self):
         self._creators = {}
 
@@ -177,6 +183,13 @@ class _Registry:
             return False
         self._creators[key] = creator
         return True
+
+    def deregister_creator(self, creator):
+        for key, registered in self._creators.items():
+            if registered is creator:
+                del self._creators[key]
+                return True
+        return False
 
     def get_creator(self, type, version, plugin_namespace=""):
         return self._creators.get((type, version, plugin_namespace))

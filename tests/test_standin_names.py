@@ -76,15 +76,19 @@ def resolve(module, dotted: str):
 
 
 def test_the_introspected_list_covers_what_the_sample_uses():
-    """Guards the introspection itself: these are names the sample and the GPU tests rely on."""
+    """Guards the introspection itself: these are names the lesson, its fused companion (INT32
+    fields, an FP8 Y, and deregister_creator to take the lesson's creator's place) and the GPU
+    tests rely on."""
     expected = {
-        "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "TensorFormat.LINEAR",
-        "PluginFieldType.FLOAT32", "TensorRTPhase.BUILD", "TensorRTPhase.RUNTIME",
+        "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "DataType.FP8", "TensorFormat.LINEAR",
+        "PluginFieldType.FLOAT32", "PluginFieldType.INT32", "TensorRTPhase.BUILD",
+        "TensorRTPhase.RUNTIME",
         "IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuild", "IPluginV3OneRuntime", "IPluginCreatorV3One",
         "IPluginV3OneBuild.get_workspace_size", "IPluginV3OneBuild.get_valid_tactics",
         "PluginField", "PluginField.name", "PluginField.data", "PluginField.type", "PluginFieldCollection",
         "PluginTensorDesc", "PluginTensorDesc.dims", "PluginTensorDesc.type", "PluginTensorDesc.format",
         "get_plugin_registry", "get_plugin_registry().register_creator", "get_plugin_registry().get_creator",
+        "get_plugin_registry().deregister_creator",
     }
     assert expected <= set(NAMES), sorted(expected - set(NAMES))
 
@@ -157,3 +161,31 @@ def test_a_plugin_without_workspace_or_tactic_methods_gets_the_bindings_defaults
     bare = Bare()
     assert bare.get_workspace_size([], []) == 0
     assert bare.get_valid_tactics() == []
+
+
+def test_the_registry_keeps_one_creator_a_key_and_deregisters_that_very_one(fields_module):
+    """What the companion's register_creator relies on, on TensorRT-RTX's registry and the stand-in's
+    alike: a second creator of a registered key is refused (False), deregister_creator of a creator
+    not registered is False and leaves the registered one, and of the registered one True."""
+    trt = fields_module
+
+    class Creator(trt.IPluginCreatorV3One):
+        def __init__(self):
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name, self.plugin_version, self.plugin_namespace = "StandinRegistryProbe", "1", ""
+            self.field_names = trt.PluginFieldCollection([])
+
+    registry = trt.get_plugin_registry()
+    key = ("StandinRegistryProbe", "1", "")
+    first, second = Creator(), Creator()
+    try:
+        assert registry.register_creator(first, "") is True
+        assert registry.register_creator(second, "") is False
+        assert registry.get_creator(*key) is first
+        assert registry.deregister_creator(second) is False
+        assert registry.get_creator(*key) is first
+        assert registry.deregister_creator(first) is True
+        assert registry.get_creator(*key) is None
+        assert registry.deregister_creator(first) is False
+    finally:
+        registry.deregister_creator(first)
