@@ -77,12 +77,16 @@ def churn_allocator():
 # -- what each creator lists ---------------------------------------------------------------
 
 
-def test_the_lessons_creator_lists_epsilon_alone(sample_rtx, trt):
-    """The ONNX parser converts a node's attributes to the types the creator lists."""
+def test_the_lessons_creator_lists_the_fields_it_reads_and_those_it_refuses(sample_rtx, fused_rtx):
+    """The ONNX parser converts a node's attributes to the types the creator lists, and passes no
+    other attribute: the lesson's creator lists the companion's fields too, so that a fused node
+    reaches its create_plugin and is refused there (test_rtx_build_contract.py) rather than built
+    as the plain form."""
     creator = sample_rtx.RmsNormPluginCreator()
     assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
-    fields = list(creator.field_names)
-    assert [(f.name, f.type) for f in fields] == [("epsilon", trt.PluginFieldType.FLOAT32)]
+    listed = [(f.name, str(f.type)) for f in creator.field_names]
+    companions = fused_rtx.FusedRmsNormPluginCreator().field_names
+    assert listed == [(f.name, str(f.type)) for f in companions]
 
 
 def test_the_companions_creator_lists_every_forms_field_with_its_type(fused_rtx, trt):
