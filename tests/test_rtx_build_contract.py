@@ -142,22 +142,23 @@ def run_workers(lib_dir, specs: dict) -> dict:
     return {name: Build(proc, results.get(name)) for name in specs}
 
 
-def run_worker(lib_dir, spec) -> Build:
-    """One spec's Build, in a worker process of its own."""
-    return run_workers(lib_dir, {"build": spec})["build"]
+def build_in_parallel(lib_dir, specs: dict) -> dict:
+    """{name: Build} of `specs` ({name: spec}, names strings), shared among worker processes, one a
+    CPU, that run at once."""
+    workers = max(2, os.cpu_count() or 2)
+    names = sorted(specs)
+    shares = [{name: specs[name] for name in names[i::workers]} for i in range(workers)]
+    built = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        for share in pool.map(lambda share: run_workers(lib_dir, share), shares):
+            built.update(share)
+    return built
 
 
 @pytest.fixture(scope="session")
 def builds(rtx_lib_dir):
-    """Every configuration in BUILDS, shared among parallel worker processes, one a CPU."""
-    workers = max(2, os.cpu_count() or 2)
-    names = sorted(BUILDS)
-    shares = [{name: BUILDS[name] for name in names[i::workers]} for i in range(workers)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        built = {}
-        for share in pool.map(lambda specs: run_workers(rtx_lib_dir, specs), shares):
-            built.update(share)
-    return built
+    """Every configuration in BUILDS, built once a session."""
+    return build_in_parallel(rtx_lib_dir, BUILDS)
 
 
 # -- the lesson's plugin: engines that must build ----------------------------------------------
