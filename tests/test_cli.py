@@ -49,6 +49,22 @@ def assert_one_sentence(stderr, *needles):
         assert needle in lines[0], lines[0]
 
 
+# What a script imported before it exited, printed by an atexit hook (runs after sys.exit): the
+# lesson and its companions import these first; rms_norm_onnx_model.py checks its flags before
+# them (tests/test_onnx_model.py).
+HEAVY = ("torch", "cutlass", "cupy", "tensorrt", "numpy")
+REPORT_HEAVY_IMPORTS = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('HEAVY', sorted({m.partition('.')[0] for m in sys.modules} & "
+    f"{set(HEAVY)!r})))"
+)
+
+
+def heavy_imports(stdout):
+    (line,) = [line for line in stdout.splitlines() if line.startswith("HEAVY ")]
+    return line
+
+
 def flags(module, *argv):
     """The flags `module`'s script would run with: its parser and its checks, in-process."""
     parser = module.make_parser("test")
