@@ -77,9 +77,10 @@ class IPluginV3OneCore:
 
 class IPluginV3OneBuild:
     """The two build methods a plugin may leave out, with the bindings' defaults (NVIDIA/TensorRT
-    python/src/infer/pyPlugin.cpp): when TensorRT asks, PyIPluginV3OneBuildBaseImpl::getWorkspaceSize returns 0
-    and getNbTactics 0 where the Python class has no override, and the base methods Python sees
-    (pluginDoc::getWorkspaceSizeV3, pluginDoc::getValidTactics) return 0 and []."""
+    python/src/infer/pyPlugin.cpp): when TensorRT asks,
+    PyIPluginV3OneBuildBaseImpl::getWorkspaceSize returns 0 and getNbTactics 0 where the Python
+    class has no override, and the base methods Python sees (pluginDoc::getWorkspaceSizeV3,
+    pluginDoc::getValidTactics) return 0 and []."""
 
     def __init__(self):
         pass
@@ -101,11 +102,12 @@ class IPluginCreatorV3One:
         pass
 
 
-# The PluginField.data getter of pyPlugin.cpp: py::array(length, (T const*) data) for the field's type,
-# i.e. a NEW 1-D array copied from the pointer.
+# The PluginField.data getter of pyPlugin.cpp: py::array(length, (T const*) data) for the field's
+# type, i.e. a NEW 1-D array copied from the pointer.
 _FIELD_DTYPES = {
-    PluginFieldType.FLOAT32: np.float32, PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8,
-    PluginFieldType.INT16: np.int16, PluginFieldType.INT32: np.int32, PluginFieldType.INT64: np.int64,
+    PluginFieldType.FLOAT32: np.float32, PluginFieldType.FLOAT64: np.float64,
+    PluginFieldType.INT8: np.int8, PluginFieldType.INT16: np.int16,
+    PluginFieldType.INT32: np.int32, PluginFieldType.INT64: np.int64,
     PluginFieldType.CHAR: np.int8, PluginFieldType.UNKNOWN: np.int8,
 }
 
@@ -119,7 +121,10 @@ class PluginField:
 
     def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
         self.name, self.type = name, type
-        self._buffer = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data)
+        if isinstance(data, (bytes, bytearray)):
+            self._buffer = np.frombuffer(data, np.uint8)
+        else:
+            self._buffer = np.asarray(data)
         self.size = int(self._buffer.size)  # the binding's `size`: number of elements, not bytes
 
     @property
@@ -150,8 +155,8 @@ class _FieldStruct:
     def data(self):
         owner = self._owner()
         if owner is None:
-            raise RuntimeError(f"PluginField '{self.name}' points at a numpy array that has been freed "
-                               "(TensorRT would read freed memory here)")
+            raise RuntimeError(f"PluginField '{self.name}' points at a numpy array that has been "
+                               "freed (TensorRT would read freed memory here)")
         return _copy_out(owner.reshape(-1).view(np.uint8)[self._bytes], self.type)
 
 
@@ -163,7 +168,8 @@ class PluginFieldCollection(list):
 
 
 class PluginTensorDesc:
-    """What enqueue/on_shape_change receive per tensor; dims index to Python ints, as trt.Dims does."""
+    """What enqueue/on_shape_change receive per tensor; dims index to Python ints, as trt.Dims
+    does."""
 
     def __init__(self, dims=(), type=DataType.FLOAT, format=TensorFormat.LINEAR):
         self.dims, self.type, self.format = tuple(int(d) for d in dims or ()), type, format

@@ -53,9 +53,9 @@ Spec keys (all optional):
     shapes           for source "model": {input name: [min shape, opt shape, max shape]}
     watched          for source "model": tensors also marked as outputs (build_engine's `watched`)
     compute_capability  the engine's one target (default "SM80"; "SM89", RTX's first with FP8)
-    buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a PluginField over a
-                     temporary array) plus allocator churn, to show the engine-record check catches a
-                     dangling buffer
+    buggy_serialize  true: replace get_fields_to_serialize by the classic bug (a PluginField over
+                     a temporary array) plus allocator churn, to show the engine-record check
+                     catches a dangling buffer
     source           where the network comes from:
                      "test_onnx" (default) the ONNX model written below, W an initializer;
                      "fused_onnx" the companion's own onnx_network (what its --from-onnx parses):
@@ -110,7 +110,8 @@ def load_with_rtx():
     sys.path.insert(0, str(TESTS_DIR.parent))
     from support.sample_loader import load_fused, load_sample
 
-    sys.modules["tensorrt"] = tensorrt_rtx  # for this whole process: every file and this worker agree
+    # For this whole process: every file and this worker agree.
+    sys.modules["tensorrt"] = tensorrt_rtx
     lesson = load_sample(tensorrt_rtx, "rms_norm_plugin_cutedsl")
     return tensorrt_rtx, lesson, load_fused(tensorrt_rtx, "rms_norm_fused_cutedsl", lesson)
 
@@ -125,7 +126,8 @@ def epsilon_record(eps: float) -> bytes:
 
 # The fields the plugins store, as a TensorRT-RTX engine lays each out after its name: (type as
 # nvinfer1::PluginFieldType numbers it, how struct reads one value of it).
-STORED_FIELDS = {"epsilon": (1, "f"), "residual": (5, "i"), "quantize": (5, "i"), "y_scale": (1, "f")}
+STORED_FIELDS = {"epsilon": (1, "f"), "residual": (5, "i"), "quantize": (5, "i"),
+                 "y_scale": (1, "f")}
 
 
 def stored_values(engine: bytes, name: str) -> list:
@@ -152,7 +154,9 @@ def write_onnx(path: str, spec: dict) -> None:
     elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
             "float32": TensorProto.FLOAT, "int32": TensorProto.INT32}
     hidden = "hidden" if spec["x_hidden"] == "dynamic" else spec["x_hidden"]
-    x_shape = [hidden] if spec["x_rank"] == 1 else ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
+    x_shape = [hidden]
+    if spec["x_rank"] > 1:
+        x_shape = ["num_tokens"] + [2] * (spec["x_rank"] - 2) + [hidden]
     x = helper.make_tensor_value_info("X", elem[spec["dtype"]], x_shape)
     y_type = elem[spec["dtype"]] if spec["y_scale"] is None else TensorProto.FLOAT8E4M3FN
     y = helper.make_tensor_value_info("Y", y_type, x_shape)
@@ -208,7 +212,8 @@ def record_configure_plugin(plugin_class, calls: list) -> None:
 
 
 def install_buggy_serialize(plugin_class, trt) -> None:
-    """The bug the engine-record check exists for: PluginField keeps only a pointer to a temporary."""
+    """The bug the engine-record check exists for: PluginField keeps only a pointer to a
+    temporary."""
 
     def get_fields_to_serialize(self):
         fields = trt.PluginFieldCollection([trt.PluginField(
@@ -315,7 +320,8 @@ def build(trt, lesson, fused, spec: dict) -> dict:
         result["parser_errors"] = [parser.get_error(i).desc() for i in range(parser.num_errors)]
     if not result["parse_ok"]:
         return result
-    result["strongly_typed"] = bool(network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    strongly_typed = network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    result["strongly_typed"] = bool(strongly_typed)
     result["outputs"] = [[network.get_output(i).name, str(network.get_output(i).dtype)]
                          for i in range(network.num_outputs)]
     result["inputs"] = [[network.get_input(i).name, str(network.get_input(i).dtype)]

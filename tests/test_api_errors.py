@@ -77,7 +77,8 @@ def test_hidden_limits_on_both_sides(module, hidden, ok):
 
 @pytest.mark.parametrize("offset", [1, 2, 4, 8, 12])
 def test_a_pointer_off_the_16_byte_grid_is_refused_before_any_cuda_call(offset):
-    """The kernel is compiled for 16-byte aligned X, W and Y (128-bit accesses): 8 bytes are not enough."""
+    """The kernel is compiled for 16-byte aligned X, W and Y (128-bit accesses): 8 bytes are not
+    enough."""
     with pytest.raises(ValueError, match="16-byte aligned buffers"):
         sample.cute_tensor_from_pointer(0x7F0000000000 + offset, (1, 1024), "float16", 0)
 
@@ -125,7 +126,9 @@ def test_rms_norm_torch_refuses_a_weight_of_the_wrong_length():
 
     from support.torch_kernel import rms_norm_torch
 
-    with pytest.raises(ValueError, match=r"w must be \[hidden\] for x \[\.\.\., hidden\], got x \(4, 1024\) and w \(1000,\)"):
+    refusal = (r"w must be \[hidden\] for x \[\.\.\., hidden\], got x \(4, 1024\) and "
+               r"w \(1000,\)")
+    with pytest.raises(ValueError, match=refusal):
         rms_norm_torch(sample, torch.zeros(4, 1024, dtype=torch.float16), torch.ones(1000))
 
 
@@ -152,5 +155,7 @@ def test_rms_norm_torch_refuses_an_out_of_another_shape():
 def test_the_virtual_environments_the_readme_creates_are_git_ignored(venv):
     readme = (ROOT / "README.md").read_text()
     assert f"python3 -m venv {venv} " in readme or f"python3 -m venv {venv}\n" in readme
-    proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{venv}/bin/python"], cwd=ROOT)
-    assert proc.returncode == 0, f"{venv}/ is not in .gitignore: `git add .` would commit a whole environment"
+    proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{venv}/bin/python"],
+                          cwd=ROOT)
+    assert proc.returncode == 0, (f"{venv}/ is not in .gitignore: `git add .` would commit a whole "
+                                  "environment")

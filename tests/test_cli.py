@@ -111,7 +111,8 @@ def test_a_gpu_older_than_sm80_is_named_with_its_compute_capability():
     assert "Inference result" not in out
 
 
-@pytest.mark.parametrize("script", [SAMPLE_PATH, FUSED_PATH, AOT_PATH], ids=["lesson", "fused", "aot"])
+@pytest.mark.parametrize("script", [SAMPLE_PATH, FUSED_PATH, AOT_PATH],
+                         ids=["lesson", "fused", "aot"])
 def test_without_tensorrt_the_scripts_name_its_pip_package(script):
     """Past the GPU check, a missing TensorRT is one sentence naming the pip package to install
     (hidden, so that this holds where TensorRT is installed too)."""
@@ -375,7 +376,7 @@ def test_from_onnx_without_onnx_installed_says_what_to_install(fused_standin, mo
         fused_standin.onnx_network(1024, "float16", 1e-5, "float32")
 
 
-# -- run(): which counts, with which check -----------------------------------------------------------
+# -- run(): which counts, with which check ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -408,7 +409,8 @@ def test_run_checks_the_main_run_the_profile_edges_and_an_odd_count(monkeypatch,
 @BOTH_FILES
 def test_validate_args_returns_the_flags_it_accepts(module):
     parser = module.make_parser("test")
-    args = parser.parse_args(["--hidden-dim", "32768", "--seed", str(2**64 - 1), "--epsilon", "1e-6"])
+    args = parser.parse_args(["--hidden-dim", "32768", "--seed", str(2**64 - 1),
+                              "--epsilon", "1e-6"])
     assert module.validate_args(parser, args) is args
     assert isinstance(args, argparse.Namespace) and args.plans is False
     forms = {key: getattr(args, key, "absent") for key in ("from_onnx", "residual", "y_scale")}
@@ -473,7 +475,8 @@ def test_every_seed_a_run_uses_is_one_torch_takes(sample_rtx, cpu_tensors):
     args = flags(sample_rtx, "--seed", str(2**64 - 1))
     context = ContextDouble(tensorrt_rtx)
     engine = argparse.Namespace(create_execution_context=lambda: context)
-    assert sample_rtx.run_and_check(engine, [128, 1, 512, 37], 8, "float16", 1e-5, args.seed) is False
+    counts = [128, 1, 512, 37]
+    assert sample_rtx.run_and_check(engine, counts, 8, "float16", 1e-5, args.seed) is False
     assert context.shapes == {"X": (37, 8)} and sorted(set(context.bound)) == ["W", "X", "Y"]
 
 
@@ -493,7 +496,8 @@ LIMITS = [
 
 
 @BOTH_FILES
-@pytest.mark.parametrize("flag, lowest, highest, others", LIMITS, ids=[limit[0] for limit in LIMITS])
+@pytest.mark.parametrize("flag, lowest, highest, others", LIMITS,
+                         ids=[limit[0] for limit in LIMITS])
 def test_every_integer_flag_takes_its_limits_and_refuses_one_past_each(module, flag, lowest,
                                                                        highest, others):
     def outcome(value):

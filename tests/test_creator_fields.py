@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 PREFIX = "RmsNormPlugin: "
-FIELD_TYPES = {np.float32: "FLOAT32", np.int32: "INT32", np.float64: "FLOAT64", np.float16: "FLOAT16"}
+FIELD_TYPES = {np.float32: "FLOAT32", np.int32: "INT32", np.float64: "FLOAT64",
+               np.float16: "FLOAT16"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,8 @@ def create_from(creator, trt, fields, phase="BUILD"):
 
 
 def epsilon_only(creator, trt, data, field_type="FLOAT32", phase="BUILD"):
-    """The plugin from one field 'epsilon' holding `data`, referenced until create_plugin returns."""
+    """The plugin from one field 'epsilon' holding `data`, referenced until create_plugin
+    returns."""
     fields = collection(trt, {"epsilon": data}, {"epsilon": field_type})
     return create_from(creator, trt, fields, phase)
 
@@ -61,7 +63,7 @@ def field_named(fields, name):
 
 
 def field_values(fields) -> dict:
-    """{name: list of values} of a collection, read as TensorRT reads them when it saves an engine."""
+    """{name: list of values} of a collection, read as TensorRT reads them to save an engine."""
     return {field.name: np.asarray(field.data).tolist() for field in fields}
 
 
@@ -83,7 +85,8 @@ def test_the_lessons_creator_lists_the_fields_it_reads_and_those_it_refuses(samp
     reaches its create_plugin and is refused there (test_rtx_build_contract.py) rather than built
     as the plain form."""
     creator = sample_rtx.RmsNormPluginCreator()
-    assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
+    key = (creator.name, creator.plugin_version, creator.plugin_namespace)
+    assert key == ("RmsNormPlugin", "1", "")
     listed = [(f.name, str(f.type)) for f in creator.field_names]
     companions = fused_rtx.FusedRmsNormPluginCreator().field_names
     assert listed == [(f.name, str(f.type)) for f in companions]
@@ -91,7 +94,8 @@ def test_the_lessons_creator_lists_the_fields_it_reads_and_those_it_refuses(samp
 
 def test_the_companions_creator_lists_every_forms_field_with_its_type(fused_rtx, trt):
     creator = fused_rtx.FusedRmsNormPluginCreator()
-    assert (creator.name, creator.plugin_version, creator.plugin_namespace) == ("RmsNormPlugin", "1", "")
+    key = (creator.name, creator.plugin_version, creator.plugin_namespace)
+    assert key == ("RmsNormPlugin", "1", "")
     fields = list(creator.field_names)
     assert [f.name for f in fields] == ["epsilon", "residual", "quantize", "y_scale"]
     float32, int32 = trt.PluginFieldType.FLOAT32, trt.PluginFieldType.INT32
@@ -109,7 +113,8 @@ SCALE = np.float32(0.0375)
 OLD_ENGINES = {
     "plain, before the residual form": ({"epsilon": [EPS]}, (False, None)),
     "plain, before the FP8 form": ({"epsilon": [EPS], "residual": [0]}, (False, None)),
-    "plain, before the split": ({"epsilon": [EPS], "residual": [0], "quantize": [0]}, (False, None)),
+    "plain, before the split": ({"epsilon": [EPS], "residual": [0], "quantize": [0]},
+                                (False, None)),
     "residual, before the FP8 form": ({"epsilon": [EPS], "residual": [1]}, (True, None)),
     "residual, before the split": ({"epsilon": [EPS], "residual": [1], "quantize": [0]},
                                    (True, None)),
@@ -188,7 +193,8 @@ def test_each_creator_serves_the_fields_the_others_plain_plugin_stores(sample_rt
 
 @pytest.fixture
 def registry(trt, sample_rtx):
-    """TensorRT-RTX's process-wide registry, without a creator of the plugin's key before and after."""
+    """TensorRT-RTX's process-wide registry, without a creator of the plugin's key before and
+    after."""
     registry = trt.get_plugin_registry()
     key = (sample_rtx.PLUGIN_NAME, sample_rtx.PLUGIN_VERSION, sample_rtx.PLUGIN_NAMESPACE)
 
@@ -231,7 +237,8 @@ def test_the_lessons_register_creator_registers_its_own_where_none_is(registry, 
 
 
 def epsilon_and_residual(trt, residual_data, residual_type="INT32"):
-    """Both fields, and the arrays they point into (kept by the caller while TensorRT reads them)."""
+    """Both fields, and the arrays they point into (kept by the caller while TensorRT reads
+    them)."""
     arrays = {"epsilon": np.array([1e-5], dtype=np.float32), "residual": residual_data}
     return collection(trt, arrays, {"residual": residual_type}), arrays
 
@@ -263,7 +270,7 @@ def test_a_residual_field_other_than_one_int32_0_or_1_is_refused(fused_creator, 
                                f"(residual), got {got}")
 
 
-# -- epsilon, which both creators read ---------------------------------------------------------------
+# -- epsilon, which both creators read -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("eps", [1e-5, 3.0517578e-05, 0.125, 1e-6])
@@ -310,7 +317,8 @@ def test_epsilon_of_another_field_type_is_refused(creator, trt, data, field_type
 
 @pytest.mark.parametrize("eps", [math.nan, math.inf, -math.inf, 0.0, -1e-5, 1e-50])
 def test_epsilon_that_is_not_finite_and_positive_in_float32_is_refused(creator, trt, eps):
-    with pytest.raises(ValueError, match="'epsilon' must be finite and > 0"):  # 1e-50 is 0 in float32
+    # 1e-50 is 0 in float32
+    with pytest.raises(ValueError, match="'epsilon' must be finite and > 0"):
         epsilon_only(creator, trt, np.array([eps], dtype=np.float32))
 
 
@@ -321,7 +329,7 @@ def test_epsilon_with_other_than_one_value_is_refused(creator, trt, values):
     assert str(info.value) == NEEDS + f"a PluginFieldType.FLOAT32 field of {len(values)} values"
 
 
-# -- what the plugins serialize ----------------------------------------------------------------------
+# -- what the plugins serialize --------------------------------------------------------------------
 
 
 def arrays_behind(owner, field) -> list:
@@ -406,7 +414,7 @@ def test_the_companions_clone_keeps_epsilon_and_the_form_and_serializes_them_on_
         assert len(arrays_behind(twin, field)) == 1
 
 
-# -- supports_format_combination with real descriptors -----------------------------------------------
+# -- supports_format_combination with real descriptors ---------------------------------------------
 
 
 def io_descs(trt, x_type, w_type, y_type, fmt="LINEAR"):
@@ -458,7 +466,7 @@ def test_non_linear_formats_are_refused(plugin, trt):
     assert [plugin.supports_format_combination(pos, descs, 2) for pos in range(3)] == [False] * 3
 
 
-# -- the residual form's five slots: X, R, W in; Y, S out ----------------------------------------------
+# -- the residual form's five slots: X, R, W in; Y, S out ------------------------------------------
 
 
 def residual_descs(trt, types):
@@ -504,7 +512,7 @@ def test_the_residual_form_refuses_r_of_another_dtype_at_the_network_definition(
             [trt.DataType.HALF, trt.DataType.BF16, trt.DataType.FLOAT])
 
 
-# -- every method TensorRT calls says when, in one line -----------------------------------------------
+# -- every method TensorRT calls says when, in one line --------------------------------------------
 WHEN = ("Build time", "Run time", "Build and run time", "Called ")
 
 

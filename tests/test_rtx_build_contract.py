@@ -113,7 +113,8 @@ class Build:
         self.stderr = proc.stderr if result is None else result["stderr"]
 
     def __getitem__(self, key):
-        assert self.result is not None, f"the worker printed no result:\n{self.stdout}\n{self.stderr}"
+        assert self.result is not None, (f"the worker printed no result:\n{self.stdout}\n"
+                                         f"{self.stderr}")
         return self.result[key]
 
     def messages(self) -> str:
@@ -131,7 +132,8 @@ class Build:
 def run_workers(lib_dir, specs: dict) -> dict:
     """{name: Build} of `specs` ({name: spec}), built in turn by one worker process."""
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir), env.get("LD_LIBRARY_PATH")]))
+    paths = [str(lib_dir), env.get("LD_LIBRARY_PATH")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, paths))
     proc = subprocess.run([sys.executable, str(WORKER), json.dumps(specs)], env=env,
                           capture_output=True, text=True, timeout=900)
     results = {}
@@ -279,7 +281,7 @@ def test_builder_never_crashes_the_process(builds, name):
     assert build.result is not None
 
 
-# -- the companion's plugin, every form --------------------------------------------------------------
+# -- the companion's plugin, every form ------------------------------------------------------------
 
 
 def test_the_companions_plain_form_builds_and_stores_every_field(builds):
@@ -336,7 +338,7 @@ def test_the_fp8_form_builds_for_sm89_with_y_in_fp8_and_stores_its_scale(builds)
                                       "quantize": [1], "y_scale": [float(np.float32(Y_SCALE))]}
 
 
-# -- the companion's ONNX model (--from-onnx) and the ONNX companion's built-in-layer composition ---
+# -- the companion's ONNX model (--from-onnx) and the ONNX companion's built-in-layer composition --
 
 
 @pytest.mark.parametrize("name", ["fused_onnx_fp16", "fused_onnx_bf16", "fused_onnx_fp16_w_fp16",
@@ -363,8 +365,9 @@ def test_a_parse_of_the_companions_model_that_fails_is_the_onnx_parse_stage_in_o
     log."""
     build = builds["fused_onnx_epsilon_zero"]
     assert not build["parse_ok"]
-    assert build["stage_error"].startswith("TensorRT failed at the ONNX parse stage"), build["stage_error"]
-    assert "\n" not in build["stage_error"]
+    error = build["stage_error"]
+    assert error.startswith("TensorRT failed at the ONNX parse stage"), error
+    assert "\n" not in error
     assert "field 'epsilon' must be finite and > 0" in build.stderr
 
 
