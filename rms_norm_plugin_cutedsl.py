@@ -282,8 +282,9 @@ def load_row(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, columns):
     """Step 1: thread t's vectors of the row into registers, each after W's.
 
     row_inputs holds (view, registers) pairs, X alone here; zeros stay where
-    the thread owns no vector. W's loads go first, so that they are in flight
-    with X's ([3] says where W comes a vector at a time instead).
+    the thread owns no vector. W's loads are issued first, so that ptxas may
+    keep them in flight with X's (it does where registers allow: the fused
+    companion's launch bounds buy that); [3] says where W comes later.
     """
     for k in cutlass.range_constexpr(plan.vecs_per_thread):
         if cutlass.const_expr(plan.weight_first):

@@ -1,15 +1,18 @@
-"""CPU: what the FP8 form compiles to. Every conversion to FP8 is the hardware's saturating,
-round-to-nearest-even one, two values per instruction (cvt.rn.satfinite.e4m3x2.f32: beyond 448 it
-gives +-448, as QuantizeLinear's saturate=1 does, and NaN stays NaN), and each thread stores each
-vector of Y with one st.global of the whole vector (vec bytes of FP8), S as in the residual form.
-Counted in the PTX of each plan compiled alone, for sm_89 (Ada: the plans below sm_90) and
-sm_90a; the plain-dtype form of a plan is the control."""
+"""CPU: what the companion's FP8 form compiles to (rms_norm_fused_cutedsl.py; the lesson has none).
+Every conversion to FP8 is the hardware's saturating, round-to-nearest-even one, two values per
+instruction (cvt.rn.satfinite.e4m3x2.f32: beyond 448 it gives +-448, as QuantizeLinear's saturate=1
+does, and NaN stays NaN), and each thread stores each vector of Y with one st.global of the whole
+vector (vec bytes of FP8), S as in the residual form. Counted in the PTX of each plan compiled
+alone, for sm_89 (Ada: the plans below sm_90) and sm_90a; the plain-dtype form of a plan is the
+control."""
 
 import re
 
 import pytest
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
+from kernel_ptx import plan_build
 from support import check_kernel
 
 X_PARAM = 0
@@ -24,15 +27,13 @@ CASES = [(1024, "float16"), (4096, "bfloat16"), (16384, "float16"), (2560, "floa
 
 
 def schedule_plans(hidden, dtype, arch, residual):
-    elem_bytes = sample.DTYPES[dtype].bytes
-    schedule = sample.token_schedule(hidden, elem_bytes, sample.is_sm90(arch), residual, fp8=True)
+    elem_bytes = lesson.DTYPES[dtype].bytes
+    schedule = fused.token_schedule(hidden, elem_bytes, fused.is_sm90(arch), residual, fp8=True)
     return [plan for plan, _ in schedule]
 
 
 def compiled_ptx(plan, dtype, arch, y_scale=Y_SCALE):
-    schedule = ((plan, ((None, None),)),)
-    return sample.compile_launcher(schedule, dtype, "float32", sample.DEFAULT_EPSILON, arch,
-                                   keep_ptx=True, y_scale=y_scale).__ptx__
+    return plan_build(plan, dtype, arch, y_scale=y_scale).ptx
 
 
 def fp8_conversions(ptx):
@@ -49,7 +50,7 @@ def stores_per_row(plan):
 @pytest.mark.parametrize("hidden, dtype", CASES)
 def test_y_is_converted_by_the_saturating_cvt_and_stored_a_whole_vector_at_a_time(
         arch, hidden, dtype, residual):
-    elem_bytes = sample.DTYPES[dtype].bytes
+    elem_bytes = lesson.DTYPES[dtype].bytes
     for plan in schedule_plans(hidden, dtype, arch, residual):
         ptx = compiled_ptx(plan, dtype, arch)
         conversions = fp8_conversions(ptx)
@@ -80,4 +81,4 @@ def test_the_scale_is_one_multiply_per_row_folded_into_rstd():
 
 def test_an_fp8_form_for_a_target_without_fp8_conversions_is_refused_before_tracing():
     with pytest.raises(ValueError, match="the FP8 form needs sm_89 or newer"):
-        sample.compile_rms_norm("bfloat16", 4096, arch="sm_80", y_scale=Y_SCALE)
+        fused.compile_rms_norm("bfloat16", 4096, arch="sm_80", y_scale=Y_SCALE)

@@ -1,7 +1,7 @@
-"""GPU: the FP8 form, Y = saturate(round-to-nearest-even(y / y_scale)) in FP8 E4M3, against the
-float64 reference.
+"""GPU: the fused companion's FP8 form, Y = saturate(round-to-nearest-even(y / y_scale)) in FP8 E4M3,
+against the float64 reference.
 
-Y must be the FP8 rounding of the float64 norm (rms_norm_plugin_cutedsl.quantize_reference),
+Y must be the FP8 rounding of the float64 norm (rms_norm_fused_cutedsl.quantize_reference),
 exactly, except where that norm lies within FP8_MIDPOINT_BAND of a midpoint between two FP8 values,
 where either is right (check_quantized). Tested at every plan boundary and the odd and ragged sizes
 the plain form is tested on, in both forms (the residual form's S stays in X's dtype, bit for bit),
@@ -10,7 +10,8 @@ at saturation, on NaN and inf rows, and on exact ties."""
 import numpy as np
 import pytest
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
 from support.torch_kernel import add_rms_norm_torch, rms_norm_torch
 from test_gpu_kernel import COMBINATION_HIDDEN, COMBINATION_TOKENS, COMBINATIONS, HIDDEN, TOKENS
 
@@ -30,21 +31,21 @@ def fp8_poison(x):
 
 def _check(tokens, hidden, dtype, w_dtype, seed, residual=False, y_scale=Y_SCALE, eps=1e-5,
            edit=None):
-    x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
-    r = sample.make_residual(tokens, hidden, dtype, seed) if residual else None
+    x, w = lesson.make_inputs(tokens, hidden, dtype, seed, w_dtype)
+    r = fused.make_residual(tokens, hidden, dtype, seed) if residual else None
     if edit:
         edit(x, w)
     y = fp8_poison(x.cuda())
     normalized = x
     if residual:
         s = x.cuda().clone().fill_(float("nan"))
-        add_rms_norm_torch(sample, x.cuda(), r.cuda(), w.cuda(), eps, out=y, s=s, y_scale=y_scale)
-        normalized = sample.residual_reference(x, r)
+        add_rms_norm_torch(fused, x.cuda(), r.cuda(), w.cuda(), eps, out=y, s=s, y_scale=y_scale)
+        normalized = fused.residual_reference(x, r)
         assert bool((s.cpu() == normalized).all()), "S differs from x + r"
     else:
-        rms_norm_torch(sample, x.cuda(), w.cuda(), eps, out=y, y_scale=y_scale)
+        rms_norm_torch(fused, x.cuda(), w.cuda(), eps, out=y, y_scale=y_scale)
     decoded = y.float().cpu().numpy()
-    ok, err = sample.check_quantized(decoded, normalized.float().numpy(), w.float().numpy(), eps,
+    ok, err = fused.check_quantized(decoded, normalized.float().numpy(), w.float().numpy(), eps,
                                      y_scale)
     assert ok, f"max abs error {err:.3e} against the FP8 rounding of the reference"
     return decoded
@@ -74,7 +75,7 @@ def test_fp8_form_every_dtype_combination(tokens, hidden, dtype, w_dtype):
 
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("hidden", [14344, 16386, 30002, 32767, sample.MAX_HIDDEN])
+@pytest.mark.parametrize("hidden", [14344, 16386, 30002, 32767, lesson.MAX_HIDDEN])
 @pytest.mark.parametrize("tokens", [1, 37, 512])
 def test_fp8_form_of_the_longest_and_narrow_vector_rows(tokens, hidden, dtype, residual):
     """The W-a-vector-at-a-time and cluster plans, and rows of narrow vectors (smaller Y stores)."""
@@ -111,7 +112,7 @@ def test_exact_ties_round_to_even():
 
     w = torch.tensor([1.0625, 1.1875, -1.0625, -1.1875, 2.125, 3 * 2.0**-10, 464.0, 1000.0])
     expected = [1.0, 1.25, -1.0, -1.25, 2.0, 2.0**-8, 448.0, 448.0]
-    assert sample.quantize_reference(w.numpy(), 1.0).tolist() == expected  # the reference agrees
+    assert fused.quantize_reference(w.numpy(), 1.0).tolist() == expected  # the reference agrees
     x = torch.ones(4, 8, dtype=torch.bfloat16, device="cuda")
-    y = rms_norm_torch(sample, x, w.cuda(), sample.FLT_MIN, y_scale=1.0)
+    y = rms_norm_torch(fused, x, w.cuda(), lesson.FLT_MIN, y_scale=1.0)
     assert y.float().cpu().tolist() == [expected] * 4

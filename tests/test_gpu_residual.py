@@ -1,12 +1,14 @@
-"""GPU: the residual form, s = x + r and y = RMSNorm(s) * w in one kernel, against torch's rounding of the sum
-and the float64 norm of that sum, at every plan boundary and the odd and ragged sizes the plain form is tested on.
+"""GPU: the fused companion's residual form, s = x + r and y = RMSNorm(s) * w in one kernel, against torch's
+rounding of the sum and the float64 norm of that sum, at every plan boundary and the odd and ragged sizes the plain
+form is tested on.
 
 S must equal x + r rounded once to X's dtype bit for bit (torch's own fp16/bf16 add rounds the same way, see
-rms_norm_plugin_cutedsl.residual_reference); Y must be within the sample's tolerance of the float64 norm of S."""
+rms_norm_fused_cutedsl.residual_reference); Y must be within the lesson's tolerance of the float64 norm of S."""
 
 import pytest
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
 from support.torch_kernel import add_rms_norm_torch
 from test_gpu_kernel import COMBINATION_HIDDEN, COMBINATION_TOKENS, COMBINATIONS, HIDDEN, TOKENS
 
@@ -19,7 +21,7 @@ def _run(x, r, w, eps):
     x = x.cuda()
     y = torch.full_like(x, float("nan"))  # poison: an unwritten element fails the check
     s = torch.full_like(x, float("nan"))
-    add_rms_norm_torch(sample, x, r.cuda(), w.cuda(), eps, out=y, s=s)
+    add_rms_norm_torch(fused, x, r.cuda(), w.cuda(), eps, out=y, s=s)
     torch.cuda.synchronize()
     return y.cpu(), s.cpu()
 
@@ -27,16 +29,16 @@ def _run(x, r, w, eps):
 def _check(tokens, hidden, dtype, w_dtype, seed, eps=1e-5, edit=None):
     import torch
 
-    x, w = sample.make_inputs(tokens, hidden, dtype, seed, w_dtype)
-    r = sample.make_residual(tokens, hidden, dtype, seed)
+    x, w = lesson.make_inputs(tokens, hidden, dtype, seed, w_dtype)
+    r = fused.make_residual(tokens, hidden, dtype, seed)
     if edit:
         edit(x, r)
     y, s = _run(x, r, w, eps)
-    expected_s = sample.residual_reference(x, r)
+    expected_s = fused.residual_reference(x, r)
     same = (s == expected_s) | (s.isnan() & expected_s.isnan())
     assert bool(same.all()), f"S differs from x + r at {int((~same).sum())} elements"
     assert not torch.equal(expected_s, x), "R must change S"
-    ok, err = sample.check_output(y.float().numpy(), expected_s.float().numpy(), w.float().numpy(), eps, dtype)
+    ok, err = lesson.check_output(y.float().numpy(), expected_s.float().numpy(), w.float().numpy(), eps, dtype)
     assert ok, f"max abs error {err:.3e}"
     return y, s
 
@@ -59,7 +61,7 @@ def test_residual_form_every_dtype_combination(tokens, hidden, dtype, w_dtype):
                                             ("float32", "bfloat16")])
 @pytest.mark.parametrize("tokens", [1, 37, 512, 4097])
 def test_residual_form_at_the_largest_hidden(tokens, dtype, w_dtype):
-    _check(tokens, sample.MAX_HIDDEN, dtype, w_dtype, seed=tokens + 1)
+    _check(tokens, lesson.MAX_HIDDEN, dtype, w_dtype, seed=tokens + 1)
 
 
 def test_a_sum_that_rounds_is_stored_rounded_and_normalized_as_stored():
@@ -75,15 +77,15 @@ def test_a_sum_that_rounds_is_stored_rounded_and_normalized_as_stored():
 def test_a_nan_or_inf_in_r_stays_in_its_row():
     import torch
 
-    x, w = sample.make_inputs(16, 1000, "float16", 3)
-    r = sample.make_residual(16, 1000, "float16", 3)
+    x, w = lesson.make_inputs(16, 1000, "float16", 3)
+    r = fused.make_residual(16, 1000, "float16", 3)
     r[3, 10] = float("nan")
     r[9, 0] = float("inf")
     y, s = _run(x, r, w, 1e-5)
     good = [i for i in range(16) if i not in (3, 9)]
-    expected_s = sample.residual_reference(x, r)
+    expected_s = fused.residual_reference(x, r)
     assert torch.equal(s[good], expected_s[good])
-    ok, err = sample.check_output(y[good].float().numpy(), expected_s[good].float().numpy(), w.numpy(), 1e-5,
+    ok, err = lesson.check_output(y[good].float().numpy(), expected_s[good].float().numpy(), w.numpy(), 1e-5,
                                   "float16")
     assert ok, err
     assert bool(s[3, 10].isnan()) and bool(s[9, 0].isinf())
@@ -98,20 +100,20 @@ def test_the_launcher_runs_the_residual_plan_for_the_token_count(hidden):
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
         r = torch.randn_like(x)
         w = torch.rand(hidden, device="cuda") + 0.5
-        add_rms_norm_torch(sample, x, r, w)  # compiles
+        add_rms_norm_torch(fused, x, r, w)  # compiles
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            add_rms_norm_torch(sample, x, r, w)
+            add_rms_norm_torch(fused, x, r, w)
             torch.cuda.synchronize()
         names = [event.name for event in prof.events() if "rms_norm_kernel" in event.name]
         if not names:
             pytest.skip("the profiler recorded no kernel (CUPTI unavailable), so the plan that ran is unknown")
         return names
 
-    lo, hi = sample.MID_TOKENS, sample.row_plan(hidden, 2).mid[0]
-    counts = [1, 32, 33, sample.FEW_TOKENS, sample.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
-    sm90 = sample.is_sm90(sample.gpu_arch())
-    expected = {n: sample.plan_kernel(hidden, 2, n, sm90=sm90, residual=True) for n in counts}
+    lo, hi = fused.MID_TOKENS, fused.row_plan(hidden, 2).mid[0]
+    counts = [1, 32, 33, fused.FEW_TOKENS, fused.FEW_TOKENS + 1, lo, lo + 1, hi, hi + 1]
+    sm90 = fused.is_sm90(lesson.gpu_arch())
+    expected = {n: fused.plan_kernel(hidden, 2, n, sm90=sm90, residual=True) for n in counts}
     for tokens, plan in expected.items():
         assert str(plan).endswith("_residual")
         assert [f"_{plan}_" in name for name in kernels_run(tokens)] == [True], (tokens, plan)
@@ -123,8 +125,8 @@ def test_the_launcher_runs_the_residual_plan_for_the_token_count(hidden):
 def test_rows_of_narrow_vectors_over_a_cluster_of_two(tokens, hidden, dtype):
     """Rows in vectors under 16 bytes with more of them than one CTA's threads hold at the line's count: on
     sm_90 the residual form splits them over 2 CTAs (one CTA's registers cannot hold X and R)."""
-    plan = sample.plan_kernel(hidden, sample.DTYPES[dtype].bytes, tokens, sample.is_sm90(sample.gpu_arch()), True)
-    if sample.is_sm90(sample.gpu_arch()) and dtype == "float32":
+    plan = fused.plan_kernel(hidden, lesson.DTYPES[dtype].bytes, tokens, fused.is_sm90(lesson.gpu_arch()), True)
+    if fused.is_sm90(lesson.gpu_arch()) and dtype == "float32":
         assert plan.cluster_ctas == 2, plan
     _check(tokens, hidden, dtype, "float32", seed=tokens + hidden)
 
@@ -135,7 +137,7 @@ def test_a_bulk_mid_plan_with_w_a_vector_at_a_time(tokens, dtype):
     """14344: two staged rows of X and R under a bound of 2 CTAs/SM leave no registers for W through the sums
     (R waits in registers for X; a W loaded for the first row waits through the second's): W comes a vector at
     a time at the store."""
-    plan = sample.plan_kernel(14344, 2, tokens, sample.is_sm90(sample.gpu_arch()), True)
-    if sample.is_sm90(sample.gpu_arch()):
+    plan = fused.plan_kernel(14344, 2, tokens, fused.is_sm90(lesson.gpu_arch()), True)
+    if fused.is_sm90(lesson.gpu_arch()):
         assert (plan.arrival, plan.weight_by_vector, plan.min_ctas_per_sm) == ("bulk", True, 2), plan
     _check(tokens, 14344, dtype, "float32", seed=tokens)

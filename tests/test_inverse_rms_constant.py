@@ -1,5 +1,5 @@
 """CPU: Step 4 scales the row's sum of squares by float32(1/hidden) and adds float32(epsilon), in
-every plan the launcher holds, read from the PTX's data flow.
+the lesson's plans and in every plan the companion's launcher holds, read from the PTX's data flow.
 
 Step 4 computes rsqrt(sum * (1/hidden) + epsilon). The threads of a row cover a padded width
 (threads_per_row * vecs_per_thread * vec elements, 128 at hidden 100 in fp16), and a kernel that
@@ -11,11 +11,15 @@ equal float32(1/hidden) bit for bit, and the immediate added must equal float32(
 of the whole PTX for 1/hidden would not do: the padded width's reciprocal, or 1/hidden used for
 something else, can sit elsewhere in the kernel.
 
-The expected bits come from hidden and epsilon alone (struct), never from the sample's code. The
-sizes give every kind of plan (registers, cp.async and bulk arrivals, clusters of 2 and 4 CTAs, two
-rows in sequence, W first and late) and ragged rows, where the padded width is not hidden; the
-epsilons are the default, a second normal one, and a subnormal one (the plain rsqrt, not the
-flush-to-zero one). 36 plans x 3 epsilons: 108 compiles, about 20 s on one CPU core.
+The expected bits come from hidden and epsilon alone (struct), never from the kernels' code. The
+sizes give every kind of plan (the lesson's W first and W a vector at a time; the companion's
+registers, cp.async and bulk arrivals, clusters of 2 and 4 CTAs, two rows in sequence, W first and
+late) and ragged rows, where the padded width is not hidden. Every plan is compiled with the
+default epsilon. A second normal epsilon and a subnormal one (the plain rsqrt, not the
+flush-to-zero one) are compiled at the plans of two sizes, 100 (ragged) and 8192 (every arrival and
+cluster of the companion), of both kernels, dtypes and targets: epsilon is added by the same line
+of inverse_rms in every plan, while 1/hidden is what a plan's width could get wrong: 52 plans, 84
+compiles (108 for the old sample's 36 plans before).
 """
 
 import re
@@ -23,12 +27,15 @@ import struct
 
 import pytest
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
+from kernel_ptx import plan_build
 
 HIDDEN = (100, 1000, 1536, 4097, 4100, 8192, 16384, 20000)
 DTYPES = ("float16", "float32")
 ARCHES = ("sm_90a", "sm_80")  # the sm_90+ schedule (clusters, bulk copies) and the older one
-EPSILONS = (sample.DEFAULT_EPSILON, 1e-6, 1e-40)  # 1e-40: subnormal in float32
+OTHER_EPSILONS = (1e-6, 1e-40)  # 1e-40: subnormal in float32
+OTHER_EPSILON_HIDDEN = (100, 8192)
 
 INSTRUCTION = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.]*)\s+([^;]*);", re.M)
 OPERAND = re.compile(r"\{[^}]*\}|\[[^\]]*\]|[^,\s]+")
@@ -37,18 +44,23 @@ F32_IMMEDIATE = re.compile(r"0[fF]([0-9A-Fa-f]{8})")
 
 
 def launcher_plans():
-    """[(dtype, arch, plan)]: each distinct plan the launcher holds at HIDDEN, DTYPES and ARCHES."""
+    """[(dtype, arch, plan)]: each distinct plan the companion's launcher holds at HIDDEN, DTYPES and
+    ARCHES, and the lesson's plan (for every target) at HIDDEN and DTYPES, compiled for sm_90a."""
     first_seen = {}
     for dtype in DTYPES:
+        elem_bytes = lesson.DTYPES[dtype].bytes
         for hidden in HIDDEN:
+            first_seen.setdefault(lesson.plan_kernel(hidden, elem_bytes), (dtype, "sm_90a"))
             for arch in ARCHES:
-                elem_bytes = sample.DTYPES[dtype].bytes
-                for plan, _ in sample.token_schedule(hidden, elem_bytes, sample.is_sm90(arch)):
+                for plan, _ in fused.token_schedule(hidden, elem_bytes, fused.is_sm90(arch)):
                     first_seen.setdefault(plan, (dtype, arch))
     return [(dtype, arch, plan) for plan, (dtype, arch) in first_seen.items()]
 
 
 PLANS = launcher_plans()
+EPSILON_CASES = ([(dtype, arch, plan, lesson.DEFAULT_EPSILON) for dtype, arch, plan in PLANS]
+                 + [(dtype, arch, plan, epsilon) for dtype, arch, plan in PLANS
+                    if plan.hidden in OTHER_EPSILON_HIDDEN for epsilon in OTHER_EPSILONS])
 
 
 def padded_width(plan):
@@ -149,26 +161,20 @@ def check_step4(ptx, hidden, epsilon):
             f" = 0f{f32_bits(epsilon):08X}")
 
 
-def plan_ptx(module, dtype, arch, plan, epsilon):
-    """The PTX of `module`'s launcher holding only `plan` (for every token count)."""
-    schedule = ((plan, ((None, None),)),)
-    compiled = module.compile_launcher(schedule, dtype, "float32", epsilon, arch, keep_ptx=True)
-    return compiled.__ptx__
-
-
-@pytest.mark.parametrize("epsilon", EPSILONS, ids=lambda e: f"eps{e:g}")
-@pytest.mark.parametrize("dtype, arch, plan", PLANS, ids=[f"{d}-{a}-{p}" for d, a, p in PLANS])
+@pytest.mark.parametrize("dtype, arch, plan, epsilon", EPSILON_CASES,
+                         ids=[f"{d}-{a}-{p}-eps{e:g}" for d, a, p, e in EPSILON_CASES])
 def test_rsqrt_takes_the_sum_times_one_over_hidden_plus_epsilon(dtype, arch, plan, epsilon):
-    check_step4(plan_ptx(sample, dtype, arch, plan, epsilon), plan.hidden, epsilon)
+    check_step4(plan_build(plan, dtype, arch, epsilon=epsilon).ptx, plan.hidden, epsilon)
 
 
-@pytest.mark.parametrize("elem_bytes", sorted({sample.DTYPES[d].bytes for d in DTYPES}))
+@pytest.mark.parametrize("elem_bytes", sorted({lesson.DTYPES[d].bytes for d in DTYPES}))
 def test_the_sizes_have_plans_whose_padded_width_is_not_hidden(elem_bytes):
     """Guards the sizes: for each element size, some plan's threads cover more than hidden, so a
     kernel that divided by the padded width would show a different constant."""
-    ragged = [p for d, _, p in PLANS if sample.DTYPES[d].bytes == elem_bytes
-              and padded_width(p) != p.hidden]
-    assert ragged, f"no ragged plan among {len(PLANS)} at {elem_bytes} bytes per element"
+    for owner in (lesson.KernelPlan, fused.FusedPlan):
+        ragged = [p for d, _, p in PLANS if lesson.DTYPES[d].bytes == elem_bytes
+                  and type(p) is owner and padded_width(p) != p.hidden]
+        assert ragged, f"no ragged {owner.__name__} among {len(PLANS)} at {elem_bytes} bytes per element"
 
 
 # hidden 100 in fp16: the threads cover 128 elements. 0f3C23D70A = float32(1/100),

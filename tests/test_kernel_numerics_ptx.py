@@ -1,6 +1,7 @@
 """CPU: the sum of squares and the scaling by W are computed in FP32, read from the PTX's data flow.
 
-The PTX is compiled without a GPU, for every X x W dtype combination. Starting
+The PTX of both kernels (the lesson's plan, and every plan of the companion's sm_90a launcher) is
+compiled without a GPU, each plan alone, for X x W dtype combinations. Starting
 from the value the first warp shuffle exchanges (a thread's partial sum), every
 instruction it depends on is followed back to the loads of X. On that backward
 slice, each add, multiply and fma must be an .f32 operation, and the squares
@@ -12,16 +13,24 @@ that only looks for some .f32 instruction anywhere in the kernel would miss it).
 The same walk back from the values stored to Y covers Step 5: W is converted
 to FP32 (a 16-bit W by cvt.f32), every product is .f32, and the only rounding
 to a 16-bit type is the final one to Y's dtype (none for fp32 Y).
+
+X and W are each loaded and converted on their own, so each plan is compiled for three pairs that
+between them convert every X dtype and every W dtype, fp32 W with a 16-bit X among them; every
+pair is compiled at hidden 1024. (All nine pairs at every plan would be 3x the compiles and check
+no conversion these do not.)
 """
 
 import re
 
 import pytest
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
+from kernel_ptx import plan_build
 
 PTX_TYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 COMBINATIONS = [(x, w) for x in ("float16", "bfloat16", "float32") for w in ("float32", "float16", "bfloat16")]
+COVERING = [("float16", "bfloat16"), ("bfloat16", "float32"), ("float32", "float16")]
 INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+(.*);\s*$")
 REGISTER = re.compile(r"%\w+")
 
@@ -103,22 +112,31 @@ def check_fp32_scaling(ptx, io, w_io):
 
 
 def kernels(dtype, w_dtype, hidden):
-    """The PTX of each kernel the launcher may run (one per distinct plan: few, mid and many rows), one string each."""
-    ptx = sample.compile_rms_norm(dtype, hidden, arch="sm_90a", w_dtype=w_dtype, keep_ptx=True).__ptx__
-    entries = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, flags=re.M)]
-    return [ptx[start:end] for start, end in zip(entries, entries[1:] + [len(ptx)])]
+    """The PTX of each kernel that may run rows of `hidden`: the lesson's one plan and every plan of the
+    companion's sm_90a launcher (few, mid, cluster and many rows), each compiled alone."""
+    elem_bytes = lesson.DTYPES[dtype].bytes
+    plans = [lesson.plan_kernel(hidden, elem_bytes)]
+    plans += [plan for plan, _ in fused.token_schedule(hidden, elem_bytes)]
+    return [plan_build(plan, dtype, "sm_90a", w_dtype).ptx for plan in plans]
 
 
-# 4096: 16-bit X staged for many tokens, in registers for few; 16384: W late for many tokens, first for few
-@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [100, 1024, 4096, 16384])
+# 1024 with every pair; 100: a ragged row in 4-element vectors; 4096: 16-bit X staged for many tokens,
+# in registers for few; 16384: W late for many tokens, first for few; 32768: the lesson's W a vector
+# at a time at the store, the companion's cluster of 1024 threads
+SUM_CASES = ([(x, w, 1024) for x, w in COMBINATIONS]
+             + [(x, w, h) for x, w in COVERING for h in (100, 4096, 16384, 32768)])
+# 2048: fp32 X staged; 12288: W late or first
+SCALING_CASES = ([(x, w, 1024) for x, w in COMBINATIONS]
+                 + [(x, w, h) for x, w in COVERING for h in (2048, 4096, 12288, 32768)])
+
+
+@pytest.mark.parametrize("dtype, w_dtype, hidden", SUM_CASES)
 def test_sum_of_squares_is_fp32_from_the_loads_to_the_shuffle(dtype, w_dtype, hidden):
     for ptx in kernels(dtype, w_dtype, hidden):
         check_fp32_sum_of_squares(ptx, PTX_TYPE[dtype])
 
 
-@pytest.mark.parametrize("dtype, w_dtype", COMBINATIONS)
-@pytest.mark.parametrize("hidden", [1024, 2048, 4096, 12288])  # 2048: fp32 X staged; 12288: W late or first
+@pytest.mark.parametrize("dtype, w_dtype, hidden", SCALING_CASES)
 def test_w_is_converted_to_fp32_and_y_rounded_once(dtype, w_dtype, hidden):
     for ptx in kernels(dtype, w_dtype, hidden):
         check_fp32_scaling(ptx, PTX_TYPE[dtype], PTX_TYPE[w_dtype])

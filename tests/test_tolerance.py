@@ -1,4 +1,6 @@
-"""CPU: check_output's bounds, derived here independently from the formats' fraction bits.
+"""CPU: the lesson's check_output's bounds, derived here independently from the formats' fraction bits.
+
+Both kernels' Y is checked against them (the companion reuses check_output and Y_TOLERANCE).
 
 fp16 stores 10 fraction bits, bf16 7 and fp32 23, so a value v in [2^e, 2^(e+1))
 has an ulp of 2^(e-p) with p that number. For fp16 and bf16 output, a kernel
@@ -13,7 +15,7 @@ adds at most u = 2^-24 to the sum's relative error (all terms are positive),
 the mean and epsilon 3 u, the reciprocal square root halves that and adds 2
 ulp (4 u, CUDA's bound for it), the two final products 2 u. The number of
 roundings in the sum follows from the kernel's design, counted here from its
-plan; check_output must accept the resulting bound, and refuse an output that
+plan, for every plan of both kernels; check_output must accept the resulting bound, and refuse an output that
 went through 16 bits anywhere in the row.
 
 The weight adds nothing: fp16 and bf16 values are exact in FP32 (checked
@@ -26,7 +28,8 @@ import numpy as np
 import pytest
 import torch
 
-import rms_norm_plugin_cutedsl as sample
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
 
 FRACTION_BITS = {"float16": 10, "bfloat16": 7, "float32": 23}
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -43,7 +46,7 @@ def case(dtype, seed=0):
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(rng.standard_normal((16, 256), dtype=np.float32)).to(TORCH[dtype]).float().numpy()
     w = rng.uniform(0.5, 1.5, 256).astype(np.float32)
-    ref = sample.rms_norm_reference(x, w, 1e-5)
+    ref = lesson.rms_norm_reference(x, w, 1e-5)
     return x, w, ref
 
 
@@ -52,7 +55,7 @@ def test_one_rounding_to_the_output_dtype_is_accepted(dtype):
     x, w, ref = case(dtype)
     rounded = torch.from_numpy(ref.astype(np.float32)).to(TORCH[dtype]).float().numpy()
     assert np.all(np.abs(rounded - ref) <= 0.5 * ulp(ref, dtype) * (1 + 2 ** -20))  # the premise
-    assert sample.check_output(rounded, x, w, 1e-5, dtype)[0]
+    assert lesson.check_output(rounded, x, w, 1e-5, dtype)[0]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -62,7 +65,7 @@ def test_three_ulps_off_is_refused_anywhere_in_the_row(dtype, sign):
     for index in [(0, 0), (3, 17), (15, 255)]:
         y = ref.copy()
         y[index] += sign * 3 * ulp(ref[index], dtype)
-        assert not sample.check_output(y.astype(np.float32), x, w, 1e-5, dtype)[0], (dtype, index)
+        assert not lesson.check_output(y.astype(np.float32), x, w, 1e-5, dtype)[0], (dtype, index)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -73,7 +76,7 @@ def test_values_at_the_top_of_a_binade_get_no_more_than_two_ulps(dtype):
     index = np.unravel_index(top, ref.shape)
     y = ref.copy()
     y[index] += 2.5 * ulp(ref[index], dtype)
-    assert not sample.check_output(y.astype(np.float32), x, w, 1e-5, dtype)[0]
+    assert not lesson.check_output(y.astype(np.float32), x, w, 1e-5, dtype)[0]
 
 
 # -- fp32 output ---------------------------------------------------------------------------------
@@ -93,20 +96,23 @@ def fp32_error_bound(roundings):
 
 
 def test_every_plan_sums_a_row_in_fewer_than_72_roundings():
-    """The sample's tolerance comment counts on d < 72 for every row length and element size, and for every plan
-    the launcher may run (cluster, few, mid and many rows)."""
-    longest = max(sum_roundings(plan) for elem_bytes in (2, 4) for hidden in range(1, sample.MAX_HIDDEN + 1)
-                  for plan, _ in sample.token_schedule(hidden, elem_bytes))
-    assert longest < 72, longest
+    """The tolerance's bound below counts on d < 72 for every row length and element size: for the lesson's one
+    plan, and for every plan the companion's launcher may run (cluster, few, mid and many rows)."""
+    for elem_bytes in (2, 4):
+        for hidden in range(1, lesson.MAX_HIDDEN + 1):
+            plans = [lesson.plan_kernel(hidden, elem_bytes)]
+            plans += [plan for plan, _ in fused.token_schedule(hidden, elem_bytes)]
+            longest = max(map(sum_roundings, plans))
+            assert longest < 72, (longest, plans)
 
 
 def test_fp32_output_within_the_worst_case_fp32_error_is_accepted():
     x, w, ref = case("float32", seed=3)
     bound = fp32_error_bound(71)
-    assert bound < sample.Y_TOLERANCE["float32"].rtol  # the premise: the tolerance covers the worst plan
+    assert bound < lesson.Y_TOLERANCE["float32"].rtol  # the premise: the tolerance covers the worst plan
     signs = np.random.default_rng(4).choice([-1.0, 1.0], ref.shape)
     y = ref * (1 + signs * bound)
-    assert sample.check_output(y, x, w, 1e-5, "float32")[0]
+    assert lesson.check_output(y, x, w, 1e-5, "float32")[0]
 
 
 @pytest.mark.parametrize("through", ["float16", "bfloat16"])
@@ -114,7 +120,7 @@ def test_fp32_output_that_went_through_16_bits_is_refused(through):
     """What a kernel that stored Y, or scaled by W, in 16 bits would produce."""
     x, w, ref = case("float32", seed=5)
     y = torch.from_numpy(ref.astype(np.float32)).to(TORCH[through]).float().numpy()
-    assert not sample.check_output(y, x, w, 1e-5, "float32")[0]
+    assert not lesson.check_output(y, x, w, 1e-5, "float32")[0]
 
 
 @pytest.mark.parametrize("sign", [1, -1])
@@ -124,8 +130,8 @@ def test_fp32_error_of_twice_the_tolerance_is_refused_anywhere_in_the_row(sign):
     smallest = np.unravel_index(np.argmin(np.abs(ref)), ref.shape)
     for index in [(0, 0), (7, 100), (15, 255), smallest]:
         y = ref.copy()
-        y[index] *= 1 + sign * 2 * sample.Y_TOLERANCE["float32"].rtol
-        assert not sample.check_output(y, x, w, 1e-5, "float32")[0], index
+        y[index] *= 1 + sign * 2 * lesson.Y_TOLERANCE["float32"].rtol
+        assert not lesson.check_output(y, x, w, 1e-5, "float32")[0], index
 
 
 # -- the weight's dtype --------------------------------------------------------------------------
