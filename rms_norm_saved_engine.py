@@ -18,7 +18,8 @@ What you will learn
 
 It builds and loads through rms_norm_fused_cutedsl.py, whose creator serves every form under the
 lesson's plugin name and version: so an engine of any form this script saved, before the lesson
-and its fused companion were two files or since, loads here.
+and its fused companion were two files or since, loads here. It runs where they run (an NVIDIA GPU
+of compute capability 8.0 or newer, TensorRT 10 or 11); --plans needs no GPU.
 
 How to run it (as rms_norm_fused_cutedsl.py, with every flag of its, plus --engine)
 ------------------------------------------------------------------------------------
