@@ -1,10 +1,12 @@
 """TEST DOUBLE: a minimal stand-in for the ``tensorrt`` module, for GPU machines without TensorRT.
 
-It is NOT TensorRT. It offers only the names rms_norm_plugin_cutedsl.py touches
-at run time (plugin base classes, fields, dtypes, tensor descriptors, the
-registry), so the GPU tests and the benchmarks can drive the plugin's own
-methods exactly as TensorRT calls them: TensorRT-shaped descriptors, raw
-device pointers and a stream handle. tests/test_standin_names.py checks on the
+It is NOT TensorRT. It offers only the names rms_norm_plugin_cutedsl.py and
+rms_norm_fused_cutedsl.py touch at run time (plugin base classes, fields,
+dtypes, tensor descriptors, the registry, whose deregister_creator the fused
+companion's register_creator calls to take the lesson's place), so the GPU
+tests and the benchmarks can drive the plugins' own methods exactly as
+TensorRT calls them: TensorRT-shaped descriptors, raw device pointers and a
+stream handle. tests/test_standin_names.py checks on the
 CPU that every name offered here exists with the same spelling on real
 TensorRT-family bindings (TensorRT-RTX).
 
@@ -75,9 +77,10 @@ class IPluginV3OneCore:
 
 class IPluginV3OneBuild:
     """The two build methods a plugin may leave out, with the bindings' defaults (NVIDIA/TensorRT
-    python/src/infer/pyPlugin.cpp): when TensorRT asks, PyIPluginV3OneBuildBaseImpl::getWorkspaceSize returns 0
-    and getNbTactics 0 where the Python class has no override, and the base methods Python sees
-    (pluginDoc::getWorkspaceSizeV3, pluginDoc::getValidTactics) return 0 and []."""
+    python/src/infer/pyPlugin.cpp): when TensorRT asks,
+    PyIPluginV3OneBuildBaseImpl::getWorkspaceSize returns 0 and getNbTactics 0 where the Python
+    class has no override, and the base methods Python sees (pluginDoc::getWorkspaceSizeV3,
+    pluginDoc::getValidTactics) return 0 and []."""
 
     def __init__(self):
         pass
@@ -99,11 +102,12 @@ class IPluginCreatorV3One:
         pass
 
 
-# The PluginField.data getter of pyPlugin.cpp: py::array(length, (T const*) data) for the field's type,
-# i.e. a NEW 1-D array copied from the pointer.
+# The PluginField.data getter of pyPlugin.cpp: py::array(length, (T const*) data) for the field's
+# type, i.e. a NEW 1-D array copied from the pointer.
 _FIELD_DTYPES = {
-    PluginFieldType.FLOAT32: np.float32, PluginFieldType.FLOAT64: np.float64, PluginFieldType.INT8: np.int8,
-    PluginFieldType.INT16: np.int16, PluginFieldType.INT32: np.int32, PluginFieldType.INT64: np.int64,
+    PluginFieldType.FLOAT32: np.float32, PluginFieldType.FLOAT64: np.float64,
+    PluginFieldType.INT8: np.int8, PluginFieldType.INT16: np.int16,
+    PluginFieldType.INT32: np.int32, PluginFieldType.INT64: np.int64,
     PluginFieldType.CHAR: np.int8, PluginFieldType.UNKNOWN: np.int8,
 }
 
@@ -117,7 +121,10 @@ class PluginField:
 
     def __init__(self, name="", data=None, type=PluginFieldType.UNKNOWN):
         self.name, self.type = name, type
-        self._buffer = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data)
+        if isinstance(data, (bytes, bytearray)):
+            self._buffer = np.frombuffer(data, np.uint8)
+        else:
+            self._buffer = np.asarray(data)
         self.size = int(self._buffer.size)  # the binding's `size`: number of elements, not bytes
 
     @property
@@ -148,8 +155,8 @@ class _FieldStruct:
     def data(self):
         owner = self._owner()
         if owner is None:
-            raise RuntimeError(f"PluginField '{self.name}' points at a numpy array that has been freed "
-                               "(TensorRT would read freed memory here)")
+            raise RuntimeError(f"PluginField '{self.name}' points at a numpy array that has been "
+                               "freed (TensorRT would read freed memory here)")
         return _copy_out(owner.reshape(-1).view(np.uint8)[self._bytes], self.type)
 
 
@@ -161,13 +168,18 @@ class PluginFieldCollection(list):
 
 
 class PluginTensorDesc:
-    """What enqueue/on_shape_change receive per tensor; dims index to Python ints, as trt.Dims does."""
+    """What enqueue/on_shape_change receive per tensor; dims index to Python ints, as trt.Dims
+    does."""
 
     def __init__(self, dims=(), type=DataType.FLOAT, format=TensorFormat.LINEAR):
         self.dims, self.type, self.format = tuple(int(d) for d in dims or ()), type, format
 
 
 class _Registry:
+    """IPluginRegistry as pyPlugin.cpp binds it: register_creator returns False where a creator of
+    the same name, version and namespace is registered; deregister_creator removes that very
+    creator, True if it was registered, False if not (another creator of its key stays)."""
+
     def __init__(self):
         self._creators = {}
 
@@ -177,6 +189,13 @@ class _Registry:
             return False
         self._creators[key] = creator
         return True
+
+    def deregister_creator(self, creator):
+        for key, registered in self._creators.items():
+            if registered is creator:
+                del self._creators[key]
+                return True
+        return False
 
     def get_creator(self, type, version, plugin_namespace=""):
         return self._creators.get((type, version, plugin_namespace))

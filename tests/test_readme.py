@@ -17,9 +17,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_PATH = ROOT / "rms_norm_plugin_cutedsl.py"
+FUSED_PATH = ROOT / "rms_norm_fused_cutedsl.py"
 README = ROOT / "README.md"
-SNIPPET_SOURCES = (SAMPLE_PATH, ROOT / "rms_norm_aot_cutedsl.py", ROOT / "rms_norm_onnx_model.py",
-                   ROOT / "rms_norm_saved_engine.py")
+SNIPPET_SOURCES = (SAMPLE_PATH, FUSED_PATH, ROOT / "rms_norm_aot_cutedsl.py",
+                   ROOT / "rms_norm_onnx_model.py", ROOT / "rms_norm_saved_engine.py")
 CI_SCRIPT = ROOT / ".ci" / "run"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
@@ -104,10 +105,14 @@ def readme():
 
 @pytest.fixture(scope="module")
 def help_flags():
-    proc = subprocess.run([sys.executable, str(SAMPLE_PATH), "--help"], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return set(FLAG.findall(proc.stdout)) - {"--help"}
+    """The flags of the lesson's script and of its fused companion's."""
+    flags = set()
+    for script in (SAMPLE_PATH, FUSED_PATH):
+        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        flags |= set(FLAG.findall(proc.stdout)) - {"--help"}
+    return flags
 
 
 # -- the checks, as functions of the texts, so each can be shown to fail on a drifted copy --------
@@ -146,7 +151,7 @@ def test_readme_test_command_is_the_one_ci_runs(readme):
 
 
 def test_run_output_shows_the_plan_the_sample_compiles(readme):
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_fused_cutedsl as sample
 
     section = re.search(r"^## Run it\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
     assert section, "README.md has no '## Run it' section"
@@ -181,7 +186,7 @@ def plan_rows_not_scheduled(readme_text, sample):
 
 
 def test_the_plan_table_is_what_the_launcher_schedules(readme):
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_fused_cutedsl as sample
 
     assert not plan_rows_not_scheduled(readme, sample)
 
@@ -302,7 +307,7 @@ def test_performance_cell_matching(table, differing):
     ("| 4096 | 1-128 | 256 × 2 | 1 row/CTA | registers | first |\n", ""),                          # a row left out
 ])
 def test_plan_table_matching(readme, old, new):
-    import rms_norm_plugin_cutedsl as sample
+    import rms_norm_fused_cutedsl as sample
 
     assert old in readme
     assert plan_rows_not_scheduled(readme.replace(old, new), sample)

@@ -1,4 +1,5 @@
-"""CPU: every name the TensorRT stand-in offers exists, spelled the same, on real TensorRT-family bindings.
+"""CPU: every name the TensorRT stand-in offers exists, spelled the same, on real TensorRT-family
+bindings.
 
 support/trt_standin.py is a labelled TEST DOUBLE used by the GPU tests in place
 of ``tensorrt``. It is only trustworthy if the sample could not use a name
@@ -29,9 +30,11 @@ def load_standin():
 
 
 def instance_attributes(cls) -> list:
-    """Attributes a stand-in class sets on its instances (made with None for every required argument)."""
+    """Attributes a stand-in class sets on its instances (made with None for every required
+    argument)."""
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    args = [None for p in params if p.default is inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
+    args = [None for p in params
+            if p.default is inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
     return sorted(name for name in vars(cls(*args)) if not name.startswith("_"))
 
 
@@ -55,7 +58,8 @@ def standin_names() -> list:
                       if not m.startswith("_") and (callable(v) or isinstance(v, property))]
             names += [f"{name}.{a}" for a in instance_attributes(obj)]
     registry = type(standin.get_plugin_registry())
-    names += [f"get_plugin_registry().{m}" for m, v in vars(registry).items() if not m.startswith("_") and callable(v)]
+    names += [f"get_plugin_registry().{m}" for m, v in vars(registry).items()
+              if not m.startswith("_") and callable(v)]
     return names
 
 
@@ -68,23 +72,33 @@ def real_trt():
 
 
 def resolve(module, dotted: str):
-    """Follow a dotted name from `module`; `get_plugin_registry()` is called to reach the registry."""
+    """Follow a dotted name from `module`; `get_plugin_registry()` is called to reach the
+    registry."""
     obj = module
     for part in dotted.split("."):
-        obj = module.get_plugin_registry() if part == "get_plugin_registry()" else getattr(obj, part)
+        if part == "get_plugin_registry()":
+            obj = module.get_plugin_registry()
+        else:
+            obj = getattr(obj, part)
     return obj
 
 
 def test_the_introspected_list_covers_what_the_sample_uses():
-    """Guards the introspection itself: these are names the sample and the GPU tests rely on."""
+    """Guards the introspection itself: these are names the lesson, its fused companion (INT32
+    fields, an FP8 Y, and deregister_creator to take the lesson's creator's place) and the GPU
+    tests rely on."""
     expected = {
-        "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "TensorFormat.LINEAR",
-        "PluginFieldType.FLOAT32", "TensorRTPhase.BUILD", "TensorRTPhase.RUNTIME",
-        "IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuild", "IPluginV3OneRuntime", "IPluginCreatorV3One",
+        "DataType.HALF", "DataType.BF16", "DataType.FLOAT", "DataType.FP8", "TensorFormat.LINEAR",
+        "PluginFieldType.FLOAT32", "PluginFieldType.INT32", "TensorRTPhase.BUILD",
+        "TensorRTPhase.RUNTIME",
+        "IPluginV3", "IPluginV3OneCore", "IPluginV3OneBuild", "IPluginV3OneRuntime",
+        "IPluginCreatorV3One",
         "IPluginV3OneBuild.get_workspace_size", "IPluginV3OneBuild.get_valid_tactics",
-        "PluginField", "PluginField.name", "PluginField.data", "PluginField.type", "PluginFieldCollection",
-        "PluginTensorDesc", "PluginTensorDesc.dims", "PluginTensorDesc.type", "PluginTensorDesc.format",
-        "get_plugin_registry", "get_plugin_registry().register_creator", "get_plugin_registry().get_creator",
+        "PluginField", "PluginField.name", "PluginField.data", "PluginField.type",
+        "PluginFieldCollection", "PluginTensorDesc", "PluginTensorDesc.dims",
+        "PluginTensorDesc.type", "PluginTensorDesc.format", "get_plugin_registry",
+        "get_plugin_registry().register_creator", "get_plugin_registry().get_creator",
+        "get_plugin_registry().deregister_creator",
     }
     assert expected <= set(NAMES), sorted(expected - set(NAMES))
 
@@ -119,13 +133,15 @@ def test_a_collection_points_at_the_callers_array(fields_module):
     """Both keep a pointer: a later write into the array shows through the collection's field."""
     trt = fields_module
     buffer = np.array([0.5], np.float32)
-    (field,) = list(trt.PluginFieldCollection([trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)]))
+    field = trt.PluginField("epsilon", buffer, trt.PluginFieldType.FLOAT32)
+    (field,) = list(trt.PluginFieldCollection([field]))
     buffer[0] = 0.125
     assert field.data.tolist() == [0.125]
 
 
 def test_the_standin_refuses_to_read_a_field_whose_array_was_freed():
-    """Real TensorRT reads freed memory here (the collection keeps no array alive); the stand-in raises."""
+    """Real TensorRT reads freed memory here (the collection keeps no array alive); the stand-in
+    raises."""
     trt = load_standin()
     (field,) = list(trt.PluginFieldCollection(
         [trt.PluginField("epsilon", np.array([0.5], np.float32), trt.PluginFieldType.FLOAT32)]))
@@ -144,9 +160,9 @@ def test_descriptor_dims_are_python_ints(fields_module):
 
 
 def test_a_plugin_without_workspace_or_tactic_methods_gets_the_bindings_defaults(fields_module):
-    """The sample leaves out get_workspace_size and get_valid_tactics: the base class answers no workspace and no
-    tactics, on the real bindings (pyPlugin.cpp's pluginDoc::getWorkspaceSizeV3 and getValidTactics) and the
-    stand-in alike."""
+    """The plugins leave out get_workspace_size and get_valid_tactics: the base class answers no
+    workspace and no tactics, on the real bindings (pyPlugin.cpp's pluginDoc::getWorkspaceSizeV3
+    and getValidTactics) and the stand-in alike."""
     trt = fields_module
 
     class Bare(trt.IPluginV3, trt.IPluginV3OneBuild):
@@ -157,3 +173,32 @@ def test_a_plugin_without_workspace_or_tactic_methods_gets_the_bindings_defaults
     bare = Bare()
     assert bare.get_workspace_size([], []) == 0
     assert bare.get_valid_tactics() == []
+
+
+def test_the_registry_keeps_one_creator_a_key_and_deregisters_that_very_one(fields_module):
+    """What the companion's register_creator relies on, on TensorRT-RTX's registry and the
+    stand-in's alike: a second creator of a registered key is refused (False), deregister_creator
+    of a creator not registered is False and leaves the registered one, and of the registered one
+    True."""
+    trt = fields_module
+
+    class Creator(trt.IPluginCreatorV3One):
+        def __init__(self):
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name, self.plugin_version, self.plugin_namespace = "StandinRegistryProbe", "1", ""
+            self.field_names = trt.PluginFieldCollection([])
+
+    registry = trt.get_plugin_registry()
+    key = ("StandinRegistryProbe", "1", "")
+    first, second = Creator(), Creator()
+    try:
+        assert registry.register_creator(first, "") is True
+        assert registry.register_creator(second, "") is False
+        assert registry.get_creator(*key) is first
+        assert registry.deregister_creator(second) is False
+        assert registry.get_creator(*key) is first
+        assert registry.deregister_creator(first) is True
+        assert registry.get_creator(*key) is None
+        assert registry.deregister_creator(first) is False
+    finally:
+        registry.deregister_creator(first)
