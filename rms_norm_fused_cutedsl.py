@@ -129,14 +129,14 @@ RESERVED_CTA_SHARED_BYTES = 1024
 
 @dataclasses.dataclass(frozen=True)
 class FusedPlan(KernelPlan):
-    """The lesson's plan, and how rows arrive, how many a CTA takes in turn, the cluster and form."""
+    """The lesson's plan, and how rows arrive, rows a CTA takes in turn, the cluster, the form."""
 
     early_weight: bool = True  # W loaded with X (Step 1), or after the reduction
     # Step 1: X straight into "registers", or staged in shared memory by
     # "cp.async" (a copy per vector) or "bulk" copy (one per row, sm_90+).
     arrival: str = "registers"
     rows_in_sequence: int = 1  # rows each slot normalizes in turn (staged plans)
-    cluster_ctas: int = 1  # CTAs of a cluster that share each row (sm_90+); threads_per_row spans them
+    cluster_ctas: int = 1  # CTAs sharing each row (sm_90+); threads_per_row spans them all
     min_ctas_per_sm: int = 0  # a launch bound: ptxas budgets registers for it
     residual: bool = False  # the fused form: R added to X first, the sum S stored too
     residual_by_vector: bool = False  # R loaded and added a vector at a time, not held whole
@@ -937,10 +937,7 @@ def has_fp8(arch: str) -> bool:
 
 def is_sm90(arch: str) -> bool:
     """Whether a target such as "sm_90a" has thread-block clusters and bulk copies."""
-    if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
-        raise ValueError("arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', "
-                         f"got {arch!r}")
-    return cutlass.base_dsl.Arch[arch].major >= 9
+    return cutlass.base_dsl.Arch[lesson.validate_arch(arch)].major >= 9
 
 
 def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: str,
@@ -958,8 +955,9 @@ def compile_launcher(schedule, dtype: str, w_dtype: str, epsilon: float, arch: s
     if schedule[0][0].residual:
         residual = (lesson.fake_tensor(dtype, rows), lesson.fake_tensor(dtype, rows))
     stream = cute.runtime.make_fake_stream()
-    return lesson.compile_for(arch, keep_ptx, fused_rms_norm_launch, lesson.fake_tensor(dtype, rows),
-                              w, y, Int32(1), stream, schedule, epsilon, y_scale, *residual)
+    x = lesson.fake_tensor(dtype, rows)
+    return lesson.compile_for(arch, keep_ptx, fused_rms_norm_launch, x, w, y, Int32(1), stream,
+                              schedule, epsilon, y_scale, *residual)
 
 
 def compile_rms_norm(dtype: str, hidden: int, epsilon: float = lesson.DEFAULT_EPSILON,
@@ -1104,7 +1102,7 @@ class FusedRmsNormPlugin(lesson.RmsNormPlugin):
         return shapes + [trt.DimsExprs(inputs[0]) for _ in range(self.num_outputs - 1)]
 
     def supports_format_combination(self, pos, in_out, num_inputs):
-        """Build time, per I/O slot: the lesson's, but Y FP8 in the FP8 form; R and S of X's dtype."""
+        """Build time, per I/O slot: the lesson's; Y FP8 in the FP8 form, R and S X's dtype."""
         desc = in_out[pos].desc
         name = (self._inputs + self._outputs)[pos]
         if name == "Y" and self.y_scale is not None:
@@ -1250,8 +1248,10 @@ def one_node_onnx_network(attributes: dict, inputs: dict, outputs: dict):
         from onnx import TensorProto, helper
     except ImportError:
         raise lesson.UsageError("--from-onnx needs the onnx package; "
-                         "install it with `pip install onnx`") from None
+                                "install it with `pip install onnx`") from None
     from polygraphy.backend.trt import network_from_onnx_bytes
+
+    register_creator()  # the parser finds the plugin in the registry
 
     def value_info(name, dtype, shape):
         onnx_shape = ["num_tokens" if size == -1 else size for size in shape]
@@ -1276,7 +1276,6 @@ def one_node_onnx_network(attributes: dict, inputs: dict, outputs: dict):
 def onnx_network(hidden: int, dtype: str, epsilon: float, w_dtype: str,
                  residual: bool = False, y_scale: float | None = None):
     """The same network, from a one-node ONNX model whose attributes are the fields."""
-    register_creator()  # the parser finds the plugin in the registry
     inputs, outputs = io_dtypes(dtype, w_dtype, residual, y_scale)
     attributes = {"epsilon": float(epsilon), "residual": int(residual)}
     if y_scale is not None:

@@ -384,13 +384,14 @@ def store_row(plan: cutlass.Constexpr, normalize, tXrX, mY, row, row_ok, t):
 
 def row_tensor(plan, pointer, num_tokens):
     """[num_tokens, vec, num_vecs] rows at a pointer: a static stride proves 16-byte vectors."""
-    rows = cute.make_layout((num_tokens, plan.vec, plan.num_vecs), stride=(plan.hidden, 1, plan.vec))
-    return cute.make_tensor(pointer, rows)
+    shape = (num_tokens, plan.vec, plan.num_vecs)
+    return cute.make_tensor(pointer, cute.make_layout(shape, stride=(plan.hidden, 1, plan.vec)))
 
 
 def column_tensor(plan, pointer):
     """[vec, num_vecs] per-column values (W) at a pointer."""
-    return cute.make_tensor(pointer, cute.make_layout((plan.vec, plan.num_vecs), stride=(1, plan.vec)))
+    layout = cute.make_layout((plan.vec, plan.num_vecs), stride=(1, plan.vec))
+    return cute.make_tensor(pointer, layout)
 
 
 @cute.kernel
@@ -528,6 +529,14 @@ def rms_norm_launch(
                   stream=stream)
 
 
+def validate_arch(arch: str) -> str:
+    """arch, if it is a CuteDSL compile target such as "sm_80" or "sm_90a", else ValueError."""
+    if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
+        raise ValueError("arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', "
+                         f"got {arch!r}")
+    return arch
+
+
 def gpu_arch() -> str:
     """The current GPU's target, e.g. "sm_90a" (the "a": Hopper's own instructions)."""
     major, minor = torch.cuda.get_device_capability()
@@ -582,8 +591,7 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
     validate_dtypes(dtype, w_dtype)
     epsilon = validate_epsilon(epsilon)
     plan = plan_kernel(hidden, DTYPES[dtype].bytes)  # every argument is checked before tracing
-    if arch is None:
-        arch = gpu_arch()
+    arch = validate_arch(gpu_arch() if arch is None else arch)
     key = ("plain", dtype, w_dtype, hidden, epsilon, arch)
     return compiled_once(key, lambda: compile_launcher(plan, dtype, w_dtype, epsilon, arch))
 
@@ -872,9 +880,11 @@ class RmsNormPluginCreator(trt.IPluginCreatorV3One):
         self.name = PLUGIN_NAME
         self.plugin_version = PLUGIN_VERSION
         self.plugin_namespace = PLUGIN_NAMESPACE
-        # Every field create_plugin takes, with its type: the ONNX parser turns
-        # a node's attributes into fields of these types.
-        self.field_names, self._buffers = plugin_fields(epsilon_values(DEFAULT_EPSILON))
+        # Every field create_plugin reads, with its type: the ONNX parser passes
+        # only the node's attributes listed here, so the fused forms' are too.
+        values = {**epsilon_values(DEFAULT_EPSILON), "residual": np.zeros(1, np.int32),
+                  "quantize": np.zeros(1, np.int32), "y_scale": np.ones(1, np.float32)}
+        self.field_names, self._buffers = plugin_fields(values)
 
     def create_plugin(self, name, field_collection, phase):
         """Build time (network API, ONNX parser) and engine load: a plugin from its fields."""

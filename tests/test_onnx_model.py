@@ -15,10 +15,8 @@ TensorRT: test_trt_onnx_model.py.
 """
 
 import argparse
-import concurrent.futures
 import ctypes
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -33,10 +31,9 @@ from onnx import TensorProto, helper
 import onnx_models
 import rms_norm_onnx_model as companion
 import rms_norm_plugin_cutedsl as sample
-from support.sample_loader import ROOT
 from test_cli import (EXIT_USAGE, REPORT_HEAVY_IMPORTS, assert_one_sentence, heavy_imports,
                       run_script)
-from test_rtx_build_contract import TRT_TYPE, WORKER, Build
+from test_rtx_build_contract import TRT_TYPE, build_in_parallel
 
 COMPANION = companion.__file__
 LAYERS = onnx_models.CONFIG["num_hidden_layers"]
@@ -349,30 +346,6 @@ def test_a_skip_norms_bias_is_added_to_the_skip_first_and_the_report_says_so(rew
     assert capsys.readouterr().out.count(said) == 2
 
 
-# The worker (tests/rtx_build_worker.py) registers the lesson's creator, which refuses the fused
-# forms' fields; rms_norm_onnx_model.build_engine registers the fused companion's in its place, and
-# so does the worker run below. It builds several specs, one after another, in one process (one
-# JSON line each): the process's imports (torch, CuteDSL, TensorRT-RTX) are paid once for them.
-FUSED_WORKER = f"""
-import json
-import sys
-sys.path[:0] = [{str(ROOT)!r}, {str(WORKER.parent)!r}]
-import rtx_build_worker as worker
-from support.sample_loader import load_fused
-
-
-def load_sample_with_rtx(load=worker.load_sample_with_rtx):
-    trt, lesson = load()
-    lesson.register_creator = load_fused(trt, "rms_norm_fused_cutedsl", lesson).register_creator
-    return trt, lesson
-
-
-worker.load_sample_with_rtx = load_sample_with_rtx
-for spec in json.loads(sys.argv[1]):
-    worker.main([sys.argv[0], json.dumps(spec)])
-"""
-
-
 def model_spec(model_path, shapes, watched, target="SM80") -> dict:
     """The worker's spec of a build of the ONNX file at model_path for the profile `shapes`,
     `watched` marked as outputs too, as build_engine builds it."""
@@ -381,27 +354,9 @@ def model_spec(model_path, shapes, watched, target="SM80") -> dict:
 
 
 def rtx_builds(lib_dir, specs: list) -> list:
-    """The worker's report (a Build) of each spec, built by TensorRT-RTX in two processes at once
-    (this machine's cores), each taking every other spec."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir),
-                                                           env.get("LD_LIBRARY_PATH")]))
-
-    def run(share):
-        proc = subprocess.run([sys.executable, "-c", FUSED_WORKER, json.dumps(share)], env=env,
-                              capture_output=True, text=True, timeout=300 * len(share))
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        lines += [""] * (len(share) - len(lines))  # a process that died: no report, its stderr
-        return [Build(subprocess.CompletedProcess(proc.args, proc.returncode, line, proc.stderr))
-                for line in lines]
-
-    shares = [specs[0::2], specs[1::2]]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        even, odd = pool.map(run, shares)
-    reports = [None] * len(specs)
-    reports[0::2] = even
-    reports[1::2] = odd
-    return reports
+    """The worker's report (a Build) of each spec, built by TensorRT-RTX in worker processes at once."""
+    built = build_in_parallel(lib_dir, {str(i): spec for i, spec in enumerate(specs)})
+    return [built[str(i)] for i in range(len(specs))]
 
 
 @pytest.fixture(scope="session")
