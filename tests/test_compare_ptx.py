@@ -140,12 +140,22 @@ def test_an_edit_of_one_branch_differs_in_exactly_the_kernels_that_take_it(edite
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"comparing {edited_checkout / FUSED_PATH.name} (base) with "
                                f"{FUSED_PATH} (new): 6 cases, forms residual_fp8,")
-    differing = [re.match(r"DIFFERENT (.*), (\w+) form, (\w+) launcher kernel 1 of 1 \(.*\): "
-                          r"PTX and SASS differ$", line)
+    differing = [re.match(r"DIFFERENT (.*), (\w+) form, (\w+) launcher kernel (\d+) of \d+ "
+                          r"\(.*\): PTX and SASS differ$", line)
                  for line in lines if line.startswith("DIFFERENT")]
     assert all(differing), lines
-    assert sorted(m.groups() for m in differing) == sorted(
-        (f"sm_90a X {dtype} W float32 hidden 1024 epsilon 1e-40", "residual_fp8", launcher)
-        for dtype in ("float16", "bfloat16", "float32") for launcher in ("plugin", "aot"))
-    assert lines[-1].startswith("6 of 12 kernels identical in PTX or SASS (6 in PTX, 0 only in "
-                                "SASS; 6 cases;")
+    # Every kernel of the tiny-epsilon cases takes the edited branch: each plan of the plugin
+    # launcher's schedule (the companion's own count) and the AOT launcher's one plan.
+    import rms_norm_fused_cutedsl as fused
+
+    kernels = {dtype: len(fused.token_schedule(1024, fused.DTYPES[dtype].bytes, True, True, True))
+               for dtype in ("float16", "bfloat16", "float32")}
+    expected = [(f"sm_90a X {dtype} W float32 hidden 1024 epsilon 1e-40", "residual_fp8", launcher,
+                 str(k + 1))
+                for dtype, count in kernels.items()
+                for launcher, launcher_count in (("plugin", count), ("aot", 1))
+                for k in range(launcher_count)]
+    assert sorted(m.groups() for m in differing) == sorted(expected)
+    total = 2 * len(expected)  # epsilon 1e-5 compiles the same kernels, none of them edited
+    assert lines[-1].startswith(f"{total // 2} of {total} kernels identical in PTX or SASS "
+                                f"({total // 2} in PTX, 0 only in SASS; 6 cases;")
