@@ -672,12 +672,27 @@ def estimated_ctas(plan: FusedPlan) -> int:
     return max(1, min(by_registers, MAX_SM_THREADS // plan.cta_threads))
 
 
+def shared_bytes(plan: FusedPlan) -> int:
+    """The shared memory a CTA of the plan allocates: its staged rows (X, and R in the residual
+    form), an FP32 sum per warp of each row slot in up to two sets (row_sum_buffers), and the
+    mbarriers that count bulk-copied rows in or a cluster's sums (8 bytes each)."""
+    staged = 0
+    if plan.arrival != "registers":
+        staged = plan.cta_rows * plan.hidden * plan.elem_bytes * plan.num_row_inputs
+    sets = min(2, plan.rows_in_sequence)
+    sums = 0
+    if plan.warps_per_row > 1:
+        sums = 4 * plan.warps_per_row * plan.rows_per_cta * sets
+    mbarriers = (plan.arrival == "bulk") * plan.rows_in_sequence + (plan.cluster_ctas > 1) * sets
+    return staged + math.ceil(sums / 8) * 8 + 8 * mbarriers
+
+
 def staged_fits(plan: FusedPlan, sm90: bool) -> bool:
-    """Whether a staged plan's rows fit one CTA's shared memory, and its bound's CTAs one SM's."""
-    staged = plan.cta_rows * plan.hidden * plan.elem_bytes * plan.num_row_inputs
+    """Whether a staged plan's shared memory fits one CTA, and its bound's CTAs one SM."""
+    cta = shared_bytes(plan)
     ctas = max(1, plan.min_ctas_per_sm)
-    on_sm = ctas * (staged + RESERVED_CTA_SHARED_BYTES)
-    return staged <= CTA_SHARED_BYTES[sm90] and on_sm <= SM_SHARED_BYTES[sm90]
+    on_sm = ctas * (cta + RESERVED_CTA_SHARED_BYTES)
+    return cta <= CTA_SHARED_BYTES[sm90] and on_sm <= SM_SHARED_BYTES[sm90]
 
 
 def threads_for(num_vecs: int, vecs_per_thread: int, ctas: int = 1) -> int:
