@@ -71,7 +71,6 @@ SAMPLE_PATH = pathlib.Path(__file__).resolve().parents[1] / "rms_norm_plugin_cut
 HOOKS = ("compile_launcher", "DTYPE_PAIRS", "DTYPES", "DEFAULT_EPSILON", "MAX_HIDDEN")
 # The rule: a lesson's plan_kernel, or a companion's token_schedule and the targets' families.
 RULE_HOOKS = (("plan_kernel",), ("token_schedule", "is_sm90"))
-WIDEST_ACCESS = 16  # bytes a thread moves in one global access at most (ld.global.v4.b32)
 # A form: (token_schedule's residual, its fp8). The FP8 forms store Y in one byte an element.
 FORMS = {"plain": (False, False), "residual": (True, False), "fp8": (False, True),
          "residual-fp8": (True, True)}
