@@ -13,7 +13,7 @@ It proves two things.
 
 1. The rule, at every hidden size 1 ... MAX_HIDDEN, for every target and form: the file's
    plan_kernel(hidden, elem_bytes) (a lesson or a copy of it), or its token_schedule(hidden,
-   elem_bytes, sm90[, residual][, fp8]) (the fused companion) where the file has one. A size the rule
+   elem_bytes, sm90[, residual][, fp8]) (the fused companion) where it has one. A size the rule
    refuses (it raises, as fit_registers' PlanError does after its last step) is a finding, reported
    as one sentence naming the sizes; so is a plan whose registers_needed() is over its
    register_ceiling(). The rule takes X's element size and the target's family (sm_90+ or not), not
@@ -27,21 +27,22 @@ It proves two things.
    plan's launch bound is met (a plan without one must fit one CTA), and the widths of its global X
    (and R) loads and of its stores, against its vector width. A summary closes the listing.
 
-Dtype pairs. A plan's registers depend on X's element size, and W's dtype lowers them at most: the
-estimate counts W at 4 bytes, and a narrower W is held in fewer registers and widened where it is
-used. So each distinct plan is compiled with the widest W and one X dtype of each element size (in
-the sample, float16/float32 and float32/float32); --pairs or --dtypes compile others (float16 and
-bfloat16 give the same registers and spills on every plan of the lesson, measured on sm_80 and
-sm_90a). Targets: sm_80 and sm_90a, the two plan families. A form compiles on the targets that run it:
-the FP8 forms need sm_89+, so by default they compile for sm_90a only; --arch sm_89 compiles them
-on the sm_80 family's plans, under sm_89's SM limits (100 KB of shared memory: a mid plan's launch
-bound of 2 CTAs that sm_80's 164 KB holds is missed there, as the companion accepts).
+Dtype pairs. Every pair of the file's DTYPE_PAIRS is compiled: a plan's registers move with W's
+dtype and X's, not only with X's element size. On the lesson's 443 distinct plans, all nine pairs
+on both targets (4,092 kernels), a 16-bit W took up to 12 registers more than an fp32 W (it is
+widened where it is used) and bfloat16 X up to 8 more or fewer than float16 X; none spilled, but
+the widest W is no upper bound. --pairs float16/float32,float32/float32 (one X dtype of each
+element size) is the quick pass CI runs. Targets: sm_80 and sm_90a, the two plan families. A form
+compiles on the targets that run it: the FP8 forms need sm_89+, so by default they compile for
+sm_90a only; --arch sm_89 compiles them on the sm_80 family's plans under sm_89's SM limits (its
+100 KB of shared memory misses a mid plan's launch bound of 2 CTAs that sm_80's 164 KB holds, as
+the companion accepts).
 
 --hidden checks the rule and compiles every plan at the sizes given instead; --dtypes, --pairs,
 --arch and --forms (plain, residual, fp8, residual-fp8: those the file's token_schedule takes) pick
 subsets. The rule's sizes and the plans compile in --jobs processes, each importing the file.
-Costs on 2 cores (README.md, Adapting it): the lesson and each of its worked examples a few minutes,
-the fused companion's every form an hour or more.
+Measured on 2 idle cores, --jobs 2: the lesson 6 minutes (the quick pass 1), each worked example
+COPYCOST, the fused companion's four forms FUSEDCOST.
 
 Exit codes: 0 the rule fits every size and no kernel spills, misses its launch bound or fails to
 compile; 1 a finding; 2 a usage error (the file missing or without the hooks, ptxas not on PATH, an
@@ -516,14 +517,8 @@ def open_copy(path: pathlib.Path):
     return module
 
 
-def widest_w(module, w_dtypes) -> str:
-    """The W dtype of the most bytes among w_dtypes (the first of them on a tie)."""
-    return max(w_dtypes, key=lambda w_dtype: hook(module, "DTYPES")[w_dtype].bytes)
-
-
 def selected_pairs(module, args) -> list:
-    """The (X, W) dtype pairs to compile: --pairs as given; else, of DTYPE_PAIRS, the X dtypes
-    --dtypes names with the widest W, or one X dtype of each element size with the widest W."""
+    """The (X, W) dtype pairs to compile: DTYPE_PAIRS, narrowed by --pairs and --dtypes."""
     pairs = [tuple(pair) for pair in hook(module, "DTYPE_PAIRS")]
     if args.pairs:
         wanted = [tuple(item.split("/")) for item in comma_list(args.pairs, "--pairs")]
@@ -532,22 +527,15 @@ def selected_pairs(module, args) -> list:
                 raise UsageError(f"--pairs {'/'.join(pair)} is not a pair the copy claims "
                                  f"({', '.join(x + '/' + w for x, w in pairs)})")
         pairs = [pair for pair in pairs if pair in wanted]
-    x_dtypes = list(dict.fromkeys(x for x, _ in pairs))
     if args.dtypes:
+        x_dtypes = list(dict.fromkeys(x for x, _ in pairs))
         wanted = comma_list(args.dtypes, "--dtypes")
         for dtype in wanted:
             if dtype not in x_dtypes:
                 raise UsageError(f"--dtypes {dtype} is not an X dtype of the pairs selected "
                                  f"({', '.join(x_dtypes)})")
-        x_dtypes = [dtype for dtype in x_dtypes if dtype in wanted]
-    elif not args.pairs:
-        by_size = {}
-        for dtype in x_dtypes:
-            by_size.setdefault(hook(module, "DTYPES")[dtype].bytes, dtype)
-        x_dtypes = list(by_size.values())
-    if args.pairs:
-        return [pair for pair in pairs if pair[0] in x_dtypes]
-    return [(x, widest_w(module, [w for dtype, w in pairs if dtype == x])) for x in x_dtypes]
+        pairs = [pair for pair in pairs if pair[0] in wanted]
+    return pairs
 
 
 def selected_sizes(module, args) -> list:
@@ -693,10 +681,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="a copy of rms_norm_plugin_cutedsl.py (default: the sample)")
     parser.add_argument("--hidden", help="comma-separated hidden sizes: the rule and every plan "
                                          "at these alone (default: every size, distinct plans)")
-    parser.add_argument("--dtypes", help="comma-separated X dtypes, each with the widest W "
-                                         "(default: one X dtype of each element size)")
+    parser.add_argument("--dtypes", help="comma-separated X dtypes (default: all of DTYPE_PAIRS)")
     parser.add_argument("--pairs", help="comma-separated X/W dtype pairs, e.g. float16/float32 "
-                                        "(default: see --dtypes)")
+                                        "(default: DTYPE_PAIRS)")
     parser.add_argument("--forms", help="comma-separated forms of plain, residual, fp8, "
                                         "residual-fp8 (default: every form the file plans)")
     parser.add_argument("--arch", default=",".join(DEFAULT_ARCHES),

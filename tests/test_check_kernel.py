@@ -2,13 +2,16 @@
 (a refusal or a plan over its own ceiling is a finding), then every distinct plan compiled on sm_80
 and sm_90a (a spill, a missed launch bound or a failed compile is a finding).
 
-The full proof runs here on the lesson (tests/test_adapting.py runs it on both worked examples);
-on the fused companion, the rule at every size of every form and family, and the compiler at two
-sizes of every form. A user runs the companion's full proof, `check_kernel.py
-rms_norm_fused_cutedsl.py`, with its cost in README.md. The tool runs as a user runs it, in a
-subprocess, where it compiles; its usage errors run in this process. Costs on 2 idle cores: the
-lesson's full proof about 1.5 minutes, the companion's rule at every size about 1 minute, the rest
-under a minute together.
+What runs here, on 2 idle cores, and what a user runs:
+* the lesson at every size and every distinct plan, on CI's quick pass of pairs (fp16 and fp32 X
+  with fp32 W): about 1 minute; the user's `check_kernel.py` compiles all nine pairs, about 6;
+* the worked examples the same way, in tests/test_adapting.py;
+* the fused companion's rule at every size of every form and family (in this process, under a
+  minute) and every plan of its four forms at two sizes (under half a minute); its full proof,
+  `check_kernel.py rms_norm_fused_cutedsl.py`, is a user's run (the tool's docstring says how
+  long);
+* the tool's findings and usage errors on small copies: about 1.5 minutes.
+The tool runs as a user runs it, in a subprocess, where it compiles; usage errors in this process.
 """
 
 import dataclasses
@@ -22,8 +25,12 @@ import rms_norm_plugin_cutedsl as lesson
 from conftest import FUSED_PATH, ROOT, SAMPLE_PATH
 from support import check_kernel
 from support.sample_loader import import_file
+from worked_examples import distinct_plans
 
 TOOL = ROOT / "support" / "check_kernel.py"
+# CI's pass: one X dtype of each element size with fp32 W, 2 of the 9 pairs (the tool's docstring
+# says why a user's proof compiles all 9, and what each costs).
+QUICK_PASS = ("--pairs", "float16/float32,float32/float32")
 EXIT_FOUND = 1
 EXIT_USAGE = 2
 pytestmark = pytest.mark.skipif(shutil.which("ptxas") is None,
@@ -61,24 +68,11 @@ def lesson_copy(tmp_path, *changes, name="copy_of_lesson.py"):
     return path
 
 
-def distinct_plans(module) -> int:
-    """The lesson's plans at every size, counted here by every field but hidden and by
-    raggedness."""
-    kinds = set()
-    for elem_bytes in (2, 4):
-        for hidden in range(1, module.MAX_HIDDEN + 1):
-            plan = module.plan_kernel(hidden, elem_bytes)
-            fields = dataclasses.asdict(plan)
-            del fields["hidden"]
-            kinds.add((tuple(fields.items()), plan.ragged))
-    return len(kinds)
-
-
 def test_the_lesson_at_every_size():
     """CI's full proof of the lesson: the rule at every size 1-32768 of both element sizes, then
     each distinct plan compiled with fp16 and fp32 X (fp32 W) on sm_80 and sm_90a: no finding, every
     load and store as wide as the plan's vectors."""
-    code, out, err = run_tool("--jobs", "2")
+    code, out, err = run_tool(*QUICK_PASS, "--jobs", "2")
     assert not err, err
     kinds = distinct_plans(lesson)
     assert out.splitlines()[0] == (f"The rule at 32768 sizes, 1-32768: 65536 plans, {kinds} "
@@ -100,7 +94,7 @@ def test_the_companions_every_form_compiles_at_two_sizes(fused):
     W: the plain and residual forms on sm_80 and sm_90a, the FP8 ones on sm_90a (sm_80 has no FP8).
     No finding; X and R arrive in 16-byte loads, 16-byte cp.async copies or bulk copies, Y and S
     leave in 16-byte stores, an FP8 Y in 8-byte (fp16 X) or 4-byte (fp32 X) ones."""
-    code, out, err = run_tool(FUSED_PATH, "--hidden", "1024,12288", "--jobs", "2")
+    code, out, err = run_tool(FUSED_PATH, "--hidden", "1024,12288", *QUICK_PASS, "--jobs", "2")
     assert code == 0, out[-3000:] + err
     expected = 0
     for arch, sm90 in (("sm_80", False), ("sm_90a", True)):
@@ -276,14 +270,14 @@ def test_without_ptxas_on_path_it_exits_2_in_one_sentence(monkeypatch, capsys):
     assert err == "error: ptxas is not on PATH (pip install nvidia-cuda-nvcc, or a CUDA toolkit)\n"
 
 
-def test_the_default_pairs_are_each_x_element_size_with_the_widest_w(monkeypatch):
-    """fp16 stands for both 16-bit X dtypes, fp32 W for every W; --dtypes and --pairs choose."""
+def test_every_pair_is_compiled_unless_flags_choose():
+    """A plan's registers move with W's dtype as well as X's, so the proof compiles DTYPE_PAIRS
+    whole; --dtypes and --pairs choose a subset."""
     parser = check_kernel.make_parser()
     chosen = {
-        (): [("float16", "float32"), ("float32", "float32")],
-        ("--dtypes", "bfloat16"): [("bfloat16", "float32")],
-        ("--pairs", "float32/bfloat16,float16/float16"): [("float16", "float16"),
-                                                          ("float32", "bfloat16")],
+        (): list(lesson.DTYPE_PAIRS),
+        ("--dtypes", "bfloat16"): [("bfloat16", w) for w in lesson.WEIGHT_DTYPES],
+        QUICK_PASS: [("float16", "float32"), ("float32", "float32")],
     }
     for args, pairs in chosen.items():
         assert check_kernel.selected_pairs(lesson, parser.parse_args(list(args))) == pairs, args

@@ -10,6 +10,7 @@ apart from the copies (the tests compare a copy with these, not with its own ref
 """
 
 import collections
+import dataclasses
 import pathlib
 import shutil
 import subprocess
@@ -45,6 +46,22 @@ def import_copy(path: pathlib.Path, name: str, trt_module=None):
         return import_file(path, name)
     with modules_as(tensorrt=trt_module):
         return import_file(path, name)
+
+
+def distinct_plans(module) -> int:
+    """The plans module.plan_kernel gives at every size of both element sizes (a size it refuses
+    gives none), counted here: by every field of the plan but hidden, and by raggedness."""
+    kinds = set()
+    for elem_bytes in (2, 4):
+        for hidden in range(1, module.MAX_HIDDEN + 1):
+            try:
+                plan = module.plan_kernel(hidden, elem_bytes)
+            except module.PlanError:
+                continue
+            fields = dataclasses.asdict(plan)
+            del fields["hidden"]
+            kinds.add((tuple(fields.items()), plan.ragged))
+    return len(kinds)
 
 
 def reference(name: str, inputs: dict, epsilon: float) -> np.ndarray:
