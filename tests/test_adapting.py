@@ -20,7 +20,6 @@ each copy's check about 1.3 minutes (CI's quick pass of pairs; all nine, a user'
 the rest about a minute.
 """
 
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -169,8 +168,8 @@ def run_rtx_build(lib_dir, spec):
 
 
 def rtx_specs(copies):
-    """{(example, case): worker spec}: each copy built for two dtype pairs, and with its new
-    input of a dtype the plugin refuses."""
+    """{(example, case): tests/copy_rtx_worker.py's spec}: each copy built for two dtype pairs,
+    and with its new input of a dtype the plugin refuses; one worker process a build."""
     specs = {}
     for name, path in copies.items():
         example = EXAMPLES[name]
@@ -186,26 +185,17 @@ def rtx_specs(copies):
     return specs
 
 
-@pytest.fixture(scope="module")
-def rtx_builds(copies, rtx_lib_dir):
-    """Every spec of rtx_specs built by TensorRT-RTX, one worker process each, in parallel."""
-    specs = rtx_specs(copies)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {key: pool.submit(run_rtx_build, rtx_lib_dir, spec)
-                   for key, spec in specs.items()}
-        return {key: (specs[key], future.result()) for key, future in futures.items()}
-
-
 TRT_TYPE = {"float16": "DataType.HALF", "bfloat16": "DataType.BF16", "float32": "DataType.FLOAT"}
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
 @pytest.mark.parametrize("pair", ["float16/float32", "bfloat16/float16"])
-def test_the_copys_plugin_builds_an_engine_with_its_new_input(rtx_builds, name, pair):
+def test_the_copys_plugin_builds_an_engine_with_its_new_input(copies, rtx_lib_dir, name, pair):
     """The parser finds the copy's creator by its own PLUGIN_NAME; the builder hands the plugin
     every input with its dtype and the profile of each row input; the engine stores the plugin's
     name and its epsilon."""
-    spec, (result, log) = rtx_builds[name, pair]
+    spec = rtx_specs(copies)[name, pair]
+    result, log = run_rtx_build(rtx_lib_dir, spec)
     assert result and result["parse_ok"] and result["build_ok"], log[-3000:]
     assert result["plugin_name_stored"] and result["epsilon_stored"], result
     call = result["configure_plugin"][-1]
@@ -222,8 +212,9 @@ def test_the_copys_plugin_builds_an_engine_with_its_new_input(rtx_builds, name, 
     ("gated", "Z not X's dtype",
      "GatedRmsNormPlugin: Z must have X's dtype DataType.HALF, got DataType.BF16"),
 ])
-def test_the_copys_plugin_refuses_its_new_input_of_another_dtype(rtx_builds, name, case, message):
-    _, (result, log) = rtx_builds[name, case]
+def test_the_copys_plugin_refuses_its_new_input_of_another_dtype(copies, rtx_lib_dir, name, case,
+                                                                 message):
+    result, log = run_rtx_build(rtx_lib_dir, rtx_specs(copies)[name, case])
     assert result is not None and not result["build_ok"], log[-3000:]
     assert message in log, log[-3000:]
 
