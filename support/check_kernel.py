@@ -1,43 +1,60 @@
 #!/usr/bin/env python3
-"""Compile every plan of a copy of the sample's kernel without a GPU, and report what each costs.
+"""Prove a copy of the sample's kernel at every hidden size without a GPU: its rule, then its code.
 
-Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a bias, a second
-reduction) and the rule's inputs (COLUMN_INPUTS, REDUCTIONS, ROW_INPUTS): fit_registers fits
-each plan to what a thread then holds, and this check shows what ptxas makes of it. A plan that
-spills without a launch bound can ask ptxas for the CTAs per SM of its estimate: put its tag in the
-copy's BOUND_BY_ESTIMATE.
+Point it at your copy of rms_norm_plugin_cutedsl.py after changing the kernel (a bias, a gate, a
+second reduction) and the rule's inputs (ROW_INPUTS, COLUMN_INPUTS, REDUCTIONS, FIT_STEPS):
 
-    python3 support/check_kernel.py --all-sizes      # the sample: about 3 minutes on 2 cores
-    python3 support/check_kernel.py my_layer_norm.py --all-sizes
-    python3 support/check_kernel.py my_layer_norm.py --hidden 4096,8192 --pairs float16/float32
+    python3 support/check_kernel.py                           # the lesson, every size
+    python3 support/check_kernel.py layer_norm_cutedsl.py     # a copy, every size
+    python3 support/check_kernel.py rms_norm_fused_cutedsl.py --forms plain,residual
+    python3 support/check_kernel.py my_copy.py --hidden 4096,8192 --pairs float16/float32
 
-For each plan it prints the arch, the X/W dtypes, hidden, the token counts the plan serves and its
-tag, then what ptxas makes of it: registers, spilled bytes, shared memory, CTAs per SM on that arch,
-whether the plan's launch bound is met, and the widths of its global X (and R) loads and of its
-stores (a plan's vector width expected: 16 bytes wherever a vector is 16 bytes). Where the copy's
-token_schedule takes `residual`, both forms are checked (--forms picks one): the residual form
-reads R beside X and stores S beside Y. A summary line and the kernels that
-fail close the listing. --all-sizes compiles, in every row-length class of the copy's tuning table,
-its shortest and longest rows, rows that leave a thread short, rows of narrower vectors and its
-roundest row (all_sizes says which), for every dtype pair on sm_80 and sm_90a; --hidden, --dtypes,
---pairs and --arch pick a subset. Plans compile in --jobs processes, each importing the copy.
+It proves two things.
 
-The copy is taken through hooks it defines itself, so that a kernel with other inputs compiles as
-its own launcher does: compile_launcher (each plan is compiled alone through it), DTYPE_PAIRS,
-DTYPES, DEFAULT_EPSILON, MAX_HIDDEN, row_classes, token_schedule and is_sm90. X is the kernel's
-first parameter and R, in the residual form, its second, as in the sample; Y (and S) are what it
-stores to global memory.
+1. The rule, at every hidden size 1 ... MAX_HIDDEN, for every target and form: the file's
+   plan_kernel(hidden, elem_bytes) (a lesson or a copy of it), or its token_schedule(hidden,
+   elem_bytes, sm90[, residual][, fp8]) (the fused companion) where it has one. A size the rule
+   refuses (it raises, as fit_registers' PlanError does after its last step) is a finding, reported
+   as one sentence naming the sizes; so is a plan whose registers_needed() is over its
+   register_ceiling(). The rule takes X's element size and the target's family (sm_90+ or not), not
+   W's dtype, so evaluating each X element size covers every dtype pair.
+2. The code: every distinct plan the rule gave, compiled through the file's own compile_launcher
+   and assembled by ptxas for each target. Plans are distinct by every dataclass field of the file's
+   own plan class but hidden (a field a copy adds, such as a gate loaded a vector at a time, makes
+   new ones) and by whether they are ragged; each is compiled at the longest row that gives it. For
+   each it prints the target, the X/W dtypes, hidden, the token counts the plan serves and its tag,
+   then what ptxas makes of it: registers, spilled bytes, shared memory, CTAs per SM, whether the
+   plan's launch bound is met (a plan without one must fit one CTA), and the widths of its global X
+   (and R) loads and of its stores, against its vector width. A summary closes the listing.
 
-Exit codes: 0 no kernel spills or misses its launch bound; 1 a kernel spills, misses its launch
-bound (ptxas ignored it, or it leaves fewer CTAs on an SM) or fails to compile; 2 a usage error
-(the file missing or without the hooks, ptxas not on PATH, an unknown dtype or arch), said in one
-sentence. ptxas comes with a CUDA toolkit or PyPI's nvidia-cuda-nvcc; ptxas_report's load order,
-which benchmarks/experiments/time_plans.py prints, also needs nvdisasm (nvidia-cuda-nvdisasm).
+Dtype pairs. Every pair of the file's DTYPE_PAIRS is compiled: a plan's registers move with W's
+dtype and X's, not only with X's element size. On the lesson's 443 distinct plans, all nine pairs
+on both targets (4,092 kernels), a 16-bit W took up to 12 registers more than an fp32 W (it is
+widened where it is used) and bfloat16 X up to 8 more or fewer than float16 X; none spilled, but
+the widest W is no upper bound. --pairs float16/float32,float32/float32 (one X dtype of each
+element size) is the quick pass CI runs. Targets: sm_80 and sm_90a, the two plan families. A form
+compiles on the targets that run it: the FP8 forms need sm_89+, so by default they compile for
+sm_90a only; --arch sm_89 compiles them on the sm_80 family's plans under sm_89's SM limits (its
+100 KB of shared memory misses a mid plan's launch bound of 2 CTAs that sm_80's 164 KB holds, as
+the companion accepts).
+
+--hidden checks the rule and compiles every plan at the sizes given instead; --dtypes, --pairs,
+--arch and --forms (plain, residual, fp8, residual-fp8: those the file's token_schedule takes) pick
+subsets. The rule's sizes and the plans compile in --jobs processes, each importing the file.
+Measured on 2 idle cores, --jobs 2: the lesson 6 minutes (the quick pass 1), each worked example
+COPYCOST, the fused companion's four forms FUSEDCOST.
+
+Exit codes: 0 the rule fits every size and no kernel spills, misses its launch bound or fails to
+compile; 1 a finding; 2 a usage error (the file missing or without the hooks, ptxas not on PATH, an
+unknown dtype, target or form), said in one sentence. ptxas comes with a CUDA toolkit or PyPI's
+nvidia-cuda-nvcc; ptxas_report's load order, which benchmarks/experiments/time_plans.py prints, also
+needs nvdisasm (nvidia-cuda-nvdisasm).
 """
 
 import argparse
 import collections
 import concurrent.futures
+import dataclasses
 import importlib.util
 import inspect
 import math
@@ -52,32 +69,44 @@ import tempfile
 import time
 
 SAMPLE_PATH = pathlib.Path(__file__).resolve().parents[1] / "rms_norm_plugin_cutedsl.py"
-HOOKS = ("compile_launcher", "DTYPE_PAIRS", "DTYPES", "DEFAULT_EPSILON", "MAX_HIDDEN",
-         "row_classes", "token_schedule", "is_sm90")
-WIDEST_ACCESS = 16  # bytes a thread moves in one global access at most (ld.global.v4.b32)
-DEFAULT_HIDDEN = "1024,2048,4096,8192,12288,16384"
-FORMS = {"plain": False, "residual": True}  # token_schedule's residual argument
+HOOKS = ("compile_launcher", "DTYPE_PAIRS", "DTYPES", "DEFAULT_EPSILON", "MAX_HIDDEN")
+# The rule: a lesson's plan_kernel, or a companion's token_schedule and the targets' families.
+RULE_HOOKS = (("plan_kernel",), ("token_schedule", "is_sm90"))
+# A form: (token_schedule's residual, its fp8). The FP8 forms store Y in one byte an element.
+FORMS = {"plain": (False, False), "residual": (True, False), "fp8": (False, True),
+         "residual-fp8": (True, True)}
+FP8_Y_SCALE = 1.5  # any normal value: the FP8 forms fold 1 / y_scale into one factor of the row
 EXIT_CLEAN = 0
 EXIT_FOUND = 1
 EXIT_USAGE = 2
 
 # What one SM holds: registers, shared memory (of which RESERVED_SHARED_MEMORY per CTA is the
-# system's), threads and CTAs.
-SmLimits = collections.namedtuple("SmLimits", "registers shared_memory threads ctas")
+# system's), threads and CTAs; and whether the target converts to FP8 (the FP8 forms run there).
+SmLimits = collections.namedtuple("SmLimits", "registers shared_memory threads ctas fp8")
 SM_LIMITS = {
-    "sm_80": SmLimits(65536, 164 * 1024, 2048, 32),
-    "sm_90a": SmLimits(65536, 228 * 1024, 2048, 32),
+    "sm_80": SmLimits(65536, 164 * 1024, 2048, 32, False),
+    "sm_89": SmLimits(65536, 100 * 1024, 1536, 24, True),
+    "sm_90a": SmLimits(65536, 228 * 1024, 2048, 32, True),
 }
+DEFAULT_ARCHES = ("sm_80", "sm_90a")
 RESERVED_SHARED_MEMORY = 1024
 REGISTER_STEP = 8  # registers are allocated in steps of 8 a thread (256 a warp)
 WARP_THREADS = 32
 
 # One plan compiled: what it is and what ptxas made of it. x_loads holds (how, bytes) pairs, how
 # being "ld" (ld.global), "cp.async" or "bulk" (a row copied whole: bytes 0); r_loads the same of
-# R (empty in the plain form); y_stores the bytes of each width of st.global.
+# R (empty but in the residual forms); y_stores the bytes of each width of st.global. load_bytes
+# and store_bytes: the widths the plan's vectors give X's loads and Y's stores.
 KernelReport = collections.namedtuple(
-    "KernelReport", "arch dtype w_dtype hidden counts plan min_ctas_per_sm expected_bytes "
-                    "registers spill_bytes shared_memory ctas_per_sm x_loads y_stores r_loads")
+    "KernelReport", "arch form dtype w_dtype hidden counts plan min_ctas_per_sm load_bytes "
+                    "store_bytes registers spill_bytes shared_memory ctas_per_sm x_loads y_stores "
+                    "r_loads")
+# The rule at the sizes of one X element size, plan family and form: how many sizes and plans,
+# {kind: (hidden, index in its schedule, token counts)} of the plans to compile, the sizes it
+# refused ((hidden, why)) and the plans over their own register ceiling ((hidden, tag, needed,
+# ceiling)).
+RuleReport = collections.namedtuple("RuleReport",
+                                    "elem_bytes family form sizes count plans refused over")
 
 
 class UsageError(Exception):
@@ -85,7 +114,11 @@ class UsageError(Exception):
 
 
 def load_module(path, name="kernel_under_check"):
-    """Import a copy of the sample from its file (its main() does not run)."""
+    """Import a copy of the sample from its file (its main() does not run); the file's folder
+    goes on sys.path, so a copy of the companion imports the lesson beside it."""
+    folder = str(pathlib.Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the file runs
@@ -93,11 +126,29 @@ def load_module(path, name="kernel_under_check"):
     return module
 
 
-def compile_plan(module, dtype: str, plan, arch: str = "sm_90a", w_dtype: str = "float32"):
-    """One plan compiled alone, through the module's compile_launcher hook, its PTX kept."""
-    schedule = ((plan, ((None, None),)),)
-    return module.compile_launcher(schedule, dtype, w_dtype, module.DEFAULT_EPSILON, arch,
-                                   keep_ptx=True)
+def hook(module, name: str):
+    """The file's hook `name`, or, in a companion that extends the lesson by import (the module
+    it names `lesson`), the lesson's; AttributeError where neither has it."""
+    if hasattr(module, name):
+        return getattr(module, name)
+    return getattr(getattr(module, "lesson", None), name)
+
+
+def by_schedule(module) -> bool:
+    """Whether the module's compile_launcher takes a schedule of plans (the companion's) rather
+    than one plan (the lesson's)."""
+    return next(iter(inspect.signature(module.compile_launcher).parameters)) == "schedule"
+
+
+def compile_plan(module, dtype: str, plan, arch: str = "sm_90a", w_dtype: str = "float32",
+                 y_scale=None):
+    """One plan compiled alone, through the module's compile_launcher hook, its PTX kept; y_scale:
+    the FP8 form."""
+    fp8 = {} if y_scale is None else {"y_scale": y_scale}
+    if by_schedule(module):
+        plan = ((plan, ((None, None),)),)
+    return module.compile_launcher(plan, dtype, w_dtype, hook(module, "DEFAULT_EPSILON"), arch,
+                                   keep_ptx=True, **fp8)
 
 
 def launch_shared_memory(compiled) -> int:
@@ -245,111 +296,138 @@ def global_access_list(ptx: str, x_param: int = 0):
     return x_loads, y_stores
 
 
-def check_plan(module, arch: str, dtype: str, w_dtype: str, plan, counts) -> KernelReport:
-    """One plan compiled through the module's hook, assembled for `arch` and measured."""
-    compiled = compile_plan(module, dtype, plan, arch, w_dtype)
+def check_plan(module, arch: str, dtype: str, w_dtype: str, plan, counts,
+               form: str = "plain") -> KernelReport:
+    """One plan of a form compiled through the module's hook, assembled for `arch` and measured."""
+    residual, fp8 = FORMS[form]
+    compiled = compile_plan(module, dtype, plan, arch, w_dtype, FP8_Y_SCALE if fp8 else None)
     report, _ = assemble(compiled.__ptx__, arch)
     registers, spills, static_shared = resources(report)
     shared = static_shared + launch_shared_memory(compiled)
     x_loads, y_stores = global_accesses(compiled.__ptx__)
     r_loads = frozenset()
-    if getattr(plan, "residual", False):
+    if residual:
         r_loads, _ = global_accesses(compiled.__ptx__, x_param=1)
-    return KernelReport(arch, dtype, w_dtype, plan.hidden, counts, str(plan), plan.min_ctas_per_sm,
-                        plan.vec * plan.elem_bytes, registers, spills, shared,
+    load_bytes = plan.vec * plan.elem_bytes
+    return KernelReport(arch, form, dtype, w_dtype, plan.hidden, counts, str(plan),
+                        getattr(plan, "min_ctas_per_sm", 0), load_bytes,
+                        plan.vec if fp8 else load_bytes, registers, spills, shared,
                         ctas_per_sm(plan.cta_threads, registers, shared, arch), x_loads, y_stores,
                         r_loads)
 
 
-def schedule_of(module, hidden: int, elem_bytes: int, sm90: bool, residual: bool = False):
-    """The module's token_schedule, of the residual form where asked (a copy may have none)."""
+def schedule_of(module, hidden: int, elem_bytes: int, family, form: str = "plain"):
+    """((plan, token counts), ...) the module's rule gives: its token_schedule for the family
+    (sm90 or not) and form, or its one plan_kernel plan for every count (family None)."""
+    if family is None:
+        return ((module.plan_kernel(hidden, elem_bytes), ((None, None),)),)
+    residual, fp8 = FORMS[form]
+    form_args = {}
     if residual:
-        return module.token_schedule(hidden, elem_bytes, sm90, residual=True)
-    return module.token_schedule(hidden, elem_bytes, sm90)
+        form_args["residual"] = True
+    if fp8:
+        form_args["fp8"] = True
+    return module.token_schedule(hidden, elem_bytes, family, **form_args)
+
+
+def family_of(module, arch: str):
+    """The plan family a target runs: is_sm90(arch) where the rule has families, else None."""
+    return module.is_sm90(arch) if hasattr(module, "token_schedule") else None
 
 
 def module_forms(module) -> list:
-    """The forms the copy's token_schedule can plan: plain, and residual where it takes it."""
-    forms = [False]
-    if "residual" in inspect.signature(module.token_schedule).parameters:
-        forms.append(True)
-    return forms
-
-
-def check(module, hidden: int, dtype: str, arch: str = "sm_90a", w_dtype: str = "float32",
-          residual: bool = False):
-    """[KernelReport] for every plan the module's launcher holds at this hidden size, compiled in
-    this process."""
-    schedule = schedule_of(module, hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch),
-                           residual)
-    return [check_plan(module, arch, dtype, w_dtype, plan, counts) for plan, counts in schedule]
-
-
-def all_sizes(module, elem_bytes: int) -> list:
-    """The hidden sizes --all-sizes compiles at elem_bytes an element. In every row-length class:
-    its shortest and longest row; the longest of whole vectors, and one vector shorter (a thread of
-    the row holds fewer); one vector past the shortest of whole vectors (the same near the class's
-    lower end); the longest of half-width vectors and the longest odd row (narrower accesses); and
-    its roundest row (the last multiple of the largest power of two it holds a multiple of), where
-    whole warps share the vectors evenly."""
-    vector = WIDEST_ACCESS // elem_bytes
-    sizes = set()
-    for fewest, most in module.row_classes(elem_bytes):
-        whole = most // vector * vector
-        step = 1 << most.bit_length()
-        while most // step * step < fewest:
-            step //= 2
-        candidates = (fewest, most, whole, whole - vector, -(-fewest // vector) * vector + vector,
-                      most - (most - vector // 2) % vector, most - (most + 1) % 2,
-                      most // step * step)
-        chosen = {hidden for hidden in candidates if fewest <= hidden <= most}
-        sizes.update(chosen | rarer_kinds(module, elem_bytes, fewest, most, chosen))
-    return sorted(sizes)
+    """The forms the module's rule plans, in FORMS' order: plain, and those its token_schedule
+    takes (the FP8 ones only where compile_launcher takes a y_scale)."""
+    if not hasattr(module, "token_schedule"):
+        return ["plain"]
+    takes = set(inspect.signature(module.token_schedule).parameters)
+    if "y_scale" not in inspect.signature(module.compile_launcher).parameters:
+        takes.discard("fp8")
+    return [name for name, (residual, fp8) in FORMS.items()
+            if (not residual or "residual" in takes) and (not fp8 or "fp8" in takes)]
 
 
 def plan_kind(plan) -> tuple:
-    """What sets a plan's code apart, hidden aside."""
-    return (plan.arrival, plan.cluster_ctas > 1, plan.rows_in_sequence > 1, plan.early_weight,
-            getattr(plan, "weight_by_vector", False), plan.min_ctas_per_sm > 0,
-            plan.vec * plan.elem_bytes == WIDEST_ACCESS, plan.ragged,
-            getattr(plan, "residual", False))
+    """What sets a plan's code apart, hidden aside: every field of its own dataclass (a copy's
+    included) and whether it is ragged."""
+    fields = tuple((field.name, getattr(plan, field.name)) for field in dataclasses.fields(plan)
+                   if field.name != "hidden")
+    return (type(plan).__qualname__, *fields, ("ragged", plan.ragged))
 
 
-def rarer_kinds(module, elem_bytes: int, fewest: int, most: int, chosen: set) -> set:
-    """For each kind of plan the file's rule gives somewhere in the class but at none of the
-    chosen sizes (a launch bound the rule keeps for one size, W a vector at a time from some
-    length on), the first size that gives it. Plans are plain Python: the scan costs seconds."""
-    def kinds(hidden):
-        return {plan_kind(plan) for sm90 in (False, True) for residual in module_forms(module)
-                for plan, _ in schedule_of(module, hidden, elem_bytes, sm90, residual)}
-
-    covered = set().union(*map(kinds, chosen))
-    extra = set()
-    for hidden in range(fewest, most + 1):
-        new = kinds(hidden) - covered
-        if new:
-            extra.add(hidden)
-            covered |= new
-    return extra
-
-
-def bound_met(row: KernelReport) -> bool:
-    return row.ctas_per_sm >= row.min_ctas_per_sm
-
-
-def narrow(row: KernelReport) -> bool:
-    """Whether an X or R load or a store is narrower than the plan's vectors, or none was found."""
-    loads = row.x_loads | row.r_loads
-    widths = [size for how, size in loads if how != "bulk"] + list(row.y_stores)
-    residual = row.plan.endswith("_residual")
-    found = row.x_loads and row.y_stores and (row.r_loads or not residual)
-    return not found or min(widths) < row.expected_bytes
+def check_rule(module, elem_bytes: int, family, form: str, sizes, distinct: bool) -> RuleReport:
+    """The rule at every size of `sizes`: the plans to compile (distinct: one of each kind, at the
+    longest row that gives it; else every plan at every size), the refusals and plans over their
+    ceiling. A plan is plain Python: a size costs microseconds, a schedule's several plans more."""
+    plans = {}
+    count = 0
+    refused = []
+    over = []
+    for hidden in sizes:
+        try:
+            schedule = schedule_of(module, hidden, elem_bytes, family, form)
+        except Exception as exc:  # the rule's refusal (a PlanError) or its bug: both findings
+            refused.append((hidden, f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+            continue
+        for index, (plan, counts) in enumerate(schedule):
+            count += 1
+            needed = plan.registers_needed()
+            ceiling = plan.register_ceiling()
+            if needed > ceiling:
+                over.append((hidden, str(plan), needed, ceiling))
+            key = plan_kind(plan) if distinct else (hidden, index)
+            plans[key] = (hidden, index, counts)  # sizes ascend: the longest row stays
+    return RuleReport(elem_bytes, family, form, len(sizes), count, plans, refused, over)
 
 
 def token_range(counts) -> str:
     """Token ranges as the sample's --plans prints them, but without spaces (one word a column)."""
     return ",".join(f"{(fewer or 0) + 1}-{most}" if most else f"{(fewer or 0) + 1}+"
                     for fewer, most in counts)
+
+
+def counted(number: int, noun: str) -> str:
+    """"no findings", "1 finding", "2 findings"."""
+    return f"{number or 'no'} {noun}{'s' * (number != 1)}"
+
+
+def size_range(sizes) -> str:
+    """Sizes in words: "1 size (100)", "12 sizes, 100-111", "1024 sizes from 28676 to 32768"."""
+    if len(sizes) == 1:
+        return f"1 size ({sizes[0]})"
+    joined = ", " if sizes[-1] - sizes[0] + 1 == len(sizes) else " from "
+    return f"{len(sizes)} sizes{joined}{sizes[0]}{'-' if joined == ', ' else ' to '}{sizes[-1]}"
+
+
+def rule_findings(rule: RuleReport, dtypes: list, targets: list) -> list:
+    """One sentence for the sizes the rule refuses, one for the plans over their ceiling."""
+    where = f"{'/'.join(dtypes)} X, {rule.form} form, {', '.join(targets)}"
+    lines = []
+    if rule.refused:
+        sizes = [hidden for hidden, _ in rule.refused]
+        lines.append(f"the rule refuses {size_range(sizes)} ({where}): at {sizes[0]}, "
+                     f"{rule.refused[0][1]}")
+    if rule.over:
+        hidden, tag, needed, ceiling = rule.over[0]
+        sizes = sorted({size for size, *_ in rule.over})
+        lines.append(f"the rule gives plans over their own register ceiling at {size_range(sizes)} "
+                     f"({where}): at {hidden}, {tag} needs {needed} of {ceiling}")
+    return lines
+
+
+def bound_met(row: KernelReport) -> bool:
+    """Whether an SM holds the CTAs the plan's launch bound asks for (one, without a bound)."""
+    return row.ctas_per_sm >= max(1, row.min_ctas_per_sm)
+
+
+def narrow(row: KernelReport) -> bool:
+    """Whether an X or R load or a store is narrower than the plan's vectors, or none was found."""
+    loads = [size for how, size in row.x_loads | row.r_loads if how != "bulk"]
+    found = row.x_loads and row.y_stores and (row.r_loads or not FORMS[row.form][0])
+    if not found:
+        return True
+    narrow_loads = min(loads, default=row.load_bytes) < row.load_bytes
+    return narrow_loads or min(row.y_stores) < row.store_bytes
 
 
 HEADER = (f"{'arch':<7} {'x/w dtypes':<17} {'hidden':>6} {'tokens':<17} {'plan':<53} {'regs':>4} "
@@ -360,13 +438,14 @@ HEADER = (f"{'arch':<7} {'x/w dtypes':<17} {'hidden':>6} {'tokens':<17} {'plan':
 def row_line(row: KernelReport) -> str:
     """One plan as a line under HEADER."""
     bound = "-"
-    if row.min_ctas_per_sm:
-        bound = f"{row.min_ctas_per_sm} {'met' if bound_met(row) else 'MISSED'}"
+    if row.min_ctas_per_sm or not bound_met(row):
+        bound = f"{max(1, row.min_ctas_per_sm)} {'met' if bound_met(row) else 'MISSED'}"
+
     def loads(pairs):
         return " ".join(f"{how} {size} B" if size else how for how, size in sorted(pairs))
 
     r_loads = "-"
-    if row.plan.endswith("_residual"):
+    if FORMS[row.form][0]:
         r_loads = loads(row.r_loads) or "none"
     y_stores = " ".join(f"{size} B" for size in sorted(row.y_stores))
     return (f"{row.arch:<7} {row.dtype + '/' + row.w_dtype:<17} {row.hidden:>6} "
@@ -384,15 +463,20 @@ def start_worker(path):
     _WORKER_MODULE = load_module(path)
 
 
-def check_task(task) -> KernelReport:
-    """One (arch, dtype, w_dtype, hidden, form, plan index) in a worker, which looks the plan up
+def rule_task(task) -> RuleReport:
+    """check_rule in a worker for (X element size, family, form, sizes, distinct)."""
+    return check_rule(_WORKER_MODULE, *task)
+
+
+def compile_task(task) -> KernelReport:
+    """One (arch, form, dtype, w_dtype, hidden, plan index) in a worker, which looks the plan up
     itself (a plan, an instance of the copy's own class, does not travel)."""
-    arch, dtype, w_dtype, hidden, residual, index = task
+    arch, form, dtype, w_dtype, hidden, index = task
     module = _WORKER_MODULE
-    schedule = schedule_of(module, hidden, module.DTYPES[dtype].bytes, module.is_sm90(arch),
-                           residual)
+    elem_bytes = hook(module, "DTYPES")[dtype].bytes
+    schedule = schedule_of(module, hidden, elem_bytes, family_of(module, arch), form)
     plan, counts = schedule[index]
-    return check_plan(module, arch, dtype, w_dtype, plan, counts)
+    return check_plan(module, arch, dtype, w_dtype, plan, counts, form)
 
 
 def comma_list(text: str, flag: str) -> list:
@@ -421,17 +505,21 @@ def open_copy(path: pathlib.Path):
     except Exception as exc:  # whatever stops the user's file from running is theirs to fix
         detail = " ".join(str(exc).split())[:300]
         raise UsageError(f"{path} failed to import ({type(exc).__name__}: {detail})") from None
-    missing = [hook for hook in HOOKS if not hasattr(module, hook)]
+    missing = [name for name in HOOKS if not hasattr(module, name)
+               and not hasattr(getattr(module, "lesson", None), name)]
+    rules = [names for names in RULE_HOOKS if all(hasattr(module, name) for name in names)]
+    if not rules:
+        missing.append(" or ".join(" and ".join(names) for names in RULE_HOOKS))
     if missing:
         raise UsageError(f"{path} does not define {', '.join(missing)}, the hook"
                          f"{'s' if len(missing) > 1 else ''} check_kernel.py takes a copy through "
-                         f"({', '.join(HOOKS)})")
+                         f"({', '.join(HOOKS)}; plan_kernel, or token_schedule and is_sm90)")
     return module
 
 
 def selected_pairs(module, args) -> list:
     """The (X, W) dtype pairs to compile: DTYPE_PAIRS, narrowed by --pairs and --dtypes."""
-    pairs = [tuple(pair) for pair in module.DTYPE_PAIRS]
+    pairs = [tuple(pair) for pair in hook(module, "DTYPE_PAIRS")]
     if args.pairs:
         wanted = [tuple(item.split("/")) for item in comma_list(args.pairs, "--pairs")]
         for pair in wanted:
@@ -440,7 +528,7 @@ def selected_pairs(module, args) -> list:
                                  f"({', '.join(x + '/' + w for x, w in pairs)})")
         pairs = [pair for pair in pairs if pair in wanted]
     if args.dtypes:
-        x_dtypes = sorted({x for x, _ in pairs})
+        x_dtypes = list(dict.fromkeys(x for x, _ in pairs))
         wanted = comma_list(args.dtypes, "--dtypes")
         for dtype in wanted:
             if dtype not in x_dtypes:
@@ -450,81 +538,119 @@ def selected_pairs(module, args) -> list:
     return pairs
 
 
-def selected_sizes(module, args, pairs) -> dict:
-    """{bytes an X element: the hidden sizes to compile} for these pairs, or UsageError."""
-    sizes = {}
-    for dtype, _ in pairs:
-        elem_bytes = module.DTYPES[dtype].bytes
-        if args.all_sizes:
-            sizes[elem_bytes] = all_sizes(module, elem_bytes)
-            continue
-        sizes[elem_bytes] = []
-        for item in comma_list(args.hidden or DEFAULT_HIDDEN, "--hidden"):
-            if not item.isdigit() or not 1 <= int(item) <= module.MAX_HIDDEN:
-                raise UsageError(f"--hidden takes sizes in [1, {module.MAX_HIDDEN}], got {item!r}")
-            sizes[elem_bytes].append(int(item))
-    return sizes
+def selected_sizes(module, args) -> list:
+    """The hidden sizes: --hidden's, or every one up to MAX_HIDDEN; UsageError for one outside."""
+    most = hook(module, "MAX_HIDDEN")
+    if not args.hidden:
+        return list(range(1, most + 1))
+    sizes = []
+    for item in comma_list(args.hidden, "--hidden"):
+        if not item.isdigit() or not 1 <= int(item) <= most:
+            raise UsageError(f"--hidden takes sizes in [1, {most}], got {item!r}")
+        sizes.append(int(item))
+    return sorted(set(sizes))
 
 
 def selected_forms(module, args) -> list:
-    """The forms to compile: every one the copy plans, narrowed by --forms, or UsageError."""
+    """The forms to check: every one the copy plans, narrowed by --forms, or UsageError."""
     forms = module_forms(module)
     if not args.forms:
         return forms
-    wanted = []
-    for name in comma_list(args.forms, "--forms"):
-        if FORMS.get(name) not in forms:
-            known = ", ".join(name for name, residual in FORMS.items() if residual in forms)
-            raise UsageError(f"--forms {name} is not a form the copy plans ({known})")
-        wanted.append(FORMS[name])
-    return wanted
+    wanted = comma_list(args.forms, "--forms")
+    for name in wanted:
+        if name not in forms:
+            raise UsageError(f"--forms {name} is not a form the copy plans ({', '.join(forms)})")
+    return [name for name in forms if name in wanted]
 
 
-def plan_tasks(module, args, arches) -> list:
-    """Every (arch, dtype, w_dtype, hidden, form, plan index) the arguments select, or
-    UsageError."""
+def runs(arch: str, form: str) -> bool:
+    """Whether a target runs a form: the FP8 ones need FP8 conversions."""
+    return SM_LIMITS[arch].fp8 or not FORMS[form][1]
+
+
+Check = collections.namedtuple("Check", "pairs sizes forms arches")
+
+
+def plan_check(module, args) -> Check:
+    """What the arguments select, or UsageError (checked before any work)."""
+    arches = selected_arches(args)
     pairs = selected_pairs(module, args)
-    sizes = selected_sizes(module, args, pairs)
+    sizes = selected_sizes(module, args)
     forms = selected_forms(module, args)
+    if not any(runs(arch, form) for arch in arches for form in forms):
+        raise UsageError(f"no target of --arch {args.arch} runs the forms selected "
+                         f"({', '.join(forms)}): the FP8 forms need sm_89 or sm_90a")
+    return Check(pairs, sizes, forms, arches)
+
+
+def rule_groups(module, check: Check) -> dict:
+    """{(X element size, family, form): the targets it serves}: one evaluation of the rule each."""
+    groups = {}
+    elem_sizes = sorted({hook(module, "DTYPES")[x].bytes for x, _ in check.pairs})
+    for arch in check.arches:
+        for form in check.forms:
+            if runs(arch, form):
+                for elem_bytes in elem_sizes:
+                    key = (elem_bytes, family_of(module, arch), form)
+                    groups.setdefault(key, []).append(arch)
+    return groups
+
+
+def compile_tasks(module, check: Check, rules: dict) -> list:
+    """Every (arch, form, dtype, w_dtype, hidden, plan index) to compile, from the rule's plans."""
     tasks = []
-    for arch in arches:
-        sm90 = module.is_sm90(arch)
-        for dtype, w_dtype in pairs:
-            elem_bytes = module.DTYPES[dtype].bytes
-            for hidden in sizes[elem_bytes]:
-                for residual in forms:
-                    plans = len(schedule_of(module, hidden, elem_bytes, sm90, residual))
-                    tasks.extend((arch, dtype, w_dtype, hidden, residual, index)
-                                 for index in range(plans))
+    for arch in check.arches:
+        for form in check.forms:
+            if not runs(arch, form):
+                continue
+            for dtype, w_dtype in check.pairs:
+                key = (hook(module, "DTYPES")[dtype].bytes, family_of(module, arch), form)
+                for hidden, index, _ in sorted(rules[key].plans.values()):
+                    tasks.append((arch, form, dtype, w_dtype, hidden, index))
     return tasks
 
 
-def run_tasks(path: pathlib.Path, tasks: list, jobs: int) -> list:
-    """Each task's line, printed in order as the pool of `jobs` processes gets through them: a
-    KernelReport, or for a plan that failed to compile the line that says so."""
+def run_check(path: pathlib.Path, module, check: Check, jobs: int, distinct: bool):
+    """(rule findings, compile results): the rule in the pool of `jobs` processes, then every plan
+    it gave, each line printed in order as the pool gets through them: a KernelReport, or for a
+    plan that failed to compile the line that says so."""
+    groups = rule_groups(module, check)
     results = []
     # spawn: a worker imports the copy and CuteDSL afresh rather than fork a compiler's state
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker,
                                                 initargs=(path,)) as pool:
-        futures = [pool.submit(check_task, task) for task in tasks]
+        rule_list = list(pool.map(rule_task, [(*key, check.sizes, distinct) for key in groups]))
+        rules = dict(zip(groups, rule_list))
+        findings = []
+        for key, rule in rules.items():
+            dtypes = [x for x, _ in check.pairs if hook(module, "DTYPES")[x].bytes == key[0]]
+            findings.extend(rule_findings(rule, dtypes, groups[key]))
+        plans = sum(rule.count for rule in rules.values())
+        kinds = sum(len(rule.plans) for rule in rules.values())
+        what = "distinct" if distinct else "of them"
+        print(f"The rule at {size_range(check.sizes)}: {counted(plans, 'plan')}, {kinds} {what} "
+              f"to compile; {counted(len(findings), 'finding')}", flush=True)
+        if findings:
+            print(*findings, sep="\n", flush=True)
+        tasks = compile_tasks(module, check, rules)
+        futures = [pool.submit(compile_task, task) for task in tasks]
         print(HEADER, flush=True)
         for task, future in zip(tasks, futures):
             try:
                 row = future.result()
             except Exception as exc:  # a plan that fails to compile is a finding: go on
-                arch, dtype, w_dtype, hidden, residual, index = task
-                form = "residual" if residual else "plain"
+                arch, form, dtype, w_dtype, hidden, index = task
                 detail = " ".join(str(exc).split())[:300]
                 row = (f"FAILED {arch} {dtype}/{w_dtype} hidden {hidden}, {form} form, plan "
                        f"{index} of its schedule: {type(exc).__name__}: {detail}")
             print(row_line(row) if isinstance(row, KernelReport) else row, flush=True)
             results.append(row)
-    return results
+    return findings, results
 
 
-def summarize(results: list, seconds: float, jobs: int) -> int:
-    """The summary line, then the kernels that fail the check again; the exit code."""
+def summarize(findings: list, results: list, seconds: float, jobs: int) -> int:
+    """The summary line, then the findings again; the exit code."""
     rows = [row for row in results if isinstance(row, KernelReport)]
     failed = [row for row in results if not isinstance(row, KernelReport)]
     spilled = sum(row.spill_bytes > 0 for row in rows)
@@ -532,35 +658,37 @@ def summarize(results: list, seconds: float, jobs: int) -> int:
     narrower = sum(narrow(row) for row in rows)
     print(f"{len(rows)} kernels compiled, {len(failed)} failed to compile; {spilled} spill, "
           f"{missed} miss their launch bound, {narrower} have loads or stores narrower than "
-          f"expected; {seconds:.0f} s wall time on {jobs} jobs")
+          f"expected; the rule: {counted(len(findings), 'finding')}; "
+          f"{seconds:.0f} s wall time on {jobs} jobs")
     problems = [row for row in rows if row.spill_bytes or not bound_met(row)]
     if problems:
         print("Kernels that spill or miss their launch bound:", HEADER, *map(row_line, problems),
               sep="\n")
     if failed:
         print("Kernels that failed to compile:", *failed, sep="\n")
-    return EXIT_FOUND if problems or failed else EXIT_CLEAN
+    if findings:
+        print("What the rule does not fit:", *findings, sep="\n")
+    return EXIT_FOUND if problems or failed or findings else EXIT_CLEAN
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 clean, 1 a kernel spills, misses its launch bound or fails to "
-               "compile, 2 usage error")
+        epilog="exit codes: 0 clean, 1 a size the rule refuses or a kernel that spills, misses "
+               "its launch bound or fails to compile, 2 usage error")
     parser.error = lambda message: parser.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
     parser.add_argument("path", nargs="?", type=pathlib.Path, default=SAMPLE_PATH,
                         help="a copy of rms_norm_plugin_cutedsl.py (default: the sample)")
-    sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("--all-sizes", action="store_true",
-                       help="rows at the edges of every row-length class, ragged and round ones")
-    sizes.add_argument("--hidden", help=f"comma-separated hidden sizes (default {DEFAULT_HIDDEN})")
+    parser.add_argument("--hidden", help="comma-separated hidden sizes: the rule and every plan "
+                                         "at these alone (default: every size, distinct plans)")
     parser.add_argument("--dtypes", help="comma-separated X dtypes (default: all of DTYPE_PAIRS)")
     parser.add_argument("--pairs", help="comma-separated X/W dtype pairs, e.g. float16/float32 "
                                         "(default: DTYPE_PAIRS)")
-    parser.add_argument("--forms", help="comma-separated forms: plain, residual (default: every "
-                                        "form the copy's token_schedule plans)")
-    parser.add_argument("--arch", default=",".join(SM_LIMITS),
-                        help=f"comma-separated compile targets (default {','.join(SM_LIMITS)})")
+    parser.add_argument("--forms", help="comma-separated forms of plain, residual, fp8, "
+                                        "residual-fp8 (default: every form the file plans)")
+    parser.add_argument("--arch", default=",".join(DEFAULT_ARCHES),
+                        help=f"comma-separated compile targets of {', '.join(SM_LIMITS)} "
+                             f"(default {','.join(DEFAULT_ARCHES)})")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(),
                         help="compiler processes (default: one a CPU)")
     return parser
@@ -572,18 +700,18 @@ def main() -> int:
     try:
         if args.jobs < 1:
             raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-        arches = selected_arches(args)
+        selected_arches(args)
         if shutil.which("ptxas") is None:
             raise UsageError("ptxas is not on PATH (pip install nvidia-cuda-nvcc, or a CUDA "
                              "toolkit)")
         path = args.path.resolve()
         module = open_copy(path)
-        tasks = plan_tasks(module, args, arches)
+        check = plan_check(module, args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    results = run_tasks(path, tasks, args.jobs)
-    return summarize(results, time.perf_counter() - start, args.jobs)
+    findings, results = run_check(path, module, check, args.jobs, distinct=not args.hidden)
+    return summarize(findings, results, time.perf_counter() - start, args.jobs)
 
 
 if __name__ == "__main__":
