@@ -608,7 +608,6 @@ class RowPlan:
     mid: tuple = (0, 0)  # (most rows, vectors per thread) of the mid plan
     cluster: tuple = (0, 0)  # (most rows, vectors per thread) of the cluster plan
     many_ctas: int = 1  # above mid rows, a cluster of this many CTAs per row
-    residual_few_alone: bool = False  # the residual form's few rows: each in a CTA of its own
 
 
 ROW_PLANS = (
@@ -616,8 +615,7 @@ ROW_PLANS = (
     RowPlan(max_row_bytes=256, arrival="registers", vecs_per_thread=2,
             early_weight=False, min_cta_threads=256),
     RowPlan(max_row_bytes=2048, arrival="registers", vecs_per_thread=2,
-            early_weight=True, min_cta_threads=128, min_ctas_per_sm=8,
-            residual_few_alone=True),
+            early_weight=True, min_cta_threads=128, min_ctas_per_sm=8),
     RowPlan(max_row_bytes=3071, arrival="registers", vecs_per_thread=2,
             early_weight=True, min_cta_threads=128),
     # Exactly 3 KB (hidden 1536 in 16 bits) gains from the bound, its
@@ -822,11 +820,6 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
     )
     if plan.arrival != "registers" and not staged_fits(plan, sm90):
         plan = dataclasses.replace(plan, arrival="registers")
-    if residual and line.residual_few_alone and n <= FEW_TOKENS:
-        # Rows share a CTA so that many of them keep each SM busy; with no more
-        # rows than SMs, a CTA each puts more SMs to reading X and R
-        # (benchmarks/NOTES.md: 0.59 of the shared CTA's time at 32 x 896).
-        plan = dataclasses.replace(plan, rows_per_cta=1)
     return plan
 
 
