@@ -82,6 +82,9 @@ def test_the_patches_change_the_rules_inputs(modules):
     # vector at a time: 26 + 12 + 8 + 8 = 54.
     ("gated", 16384, 2, True, False),
     ("gated", 24576, 2, True, True),
+    # With W first, Step 5 takes a thread's vectors whole and holds silu(z) beside z: 800 threads
+    # x 2 vectors need 26 + 8 + 2 * 16 + 16 = 82 of 80, so W comes a vector at a time.
+    ("gated", 12800, 2, True, False),
     # Odd rows of 1-element vectors, 18 a thread: 26 + 18 + 18 + 1 = 63; 19: 65, then 47.
     ("gated", 18431, 2, True, False),
     ("gated", 18433, 2, True, True),
