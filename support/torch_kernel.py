@@ -13,6 +13,8 @@ and rms_norm_torch / add_rms_norm_torch serve the lesson and the fused companion
 import inspect
 
 import torch
+import cuda.bindings.driver as cuda
+from cutlass.cute.runtime import from_dlpack
 
 COLUMN_TENSORS = ("W", "B")  # [hidden], read by every row; every other tensor is rows of X's shape
 
@@ -95,7 +97,7 @@ def launch(module, tensors: dict, epsilon: float, y_scale=None):
     kernel = compiled_launcher(module, tensors, epsilon, y_scale)
     hidden = tensors["X"].shape[-1]
     num_tokens = tensors["X"].numel() // hidden
-    stream = module.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     arguments = []
     for name, optional in launcher_arguments(module):
         if name == "num_tokens":
@@ -105,7 +107,8 @@ def launch(module, tensors: dict, epsilon: float, y_scale=None):
         elif name in tensors:
             t = tensors[name]
             view = t if name in COLUMN_TENSORS else t.view(-1, hidden)
-            arguments.append(module.from_dlpack(view, assumed_align=module.VECTOR_BYTES))
+            # detach(): torch exports no tensor that requires grad (a Parameter) through DLPack.
+            arguments.append(from_dlpack(view.detach(), assumed_align=module.VECTOR_BYTES))
         elif not optional:
             raise ValueError(f"the launcher of {module.__name__} takes {name}, which is not "
                              f"among the tensors given ({', '.join(tensors)})")
