@@ -135,9 +135,15 @@ def launch(op: str, x, w, y, epsilon: float, y_scale=None, r=None, s=None):
                                           w_dtype=dtype_name(w), residual=r is not None,
                                           y_scale=y_scale)
         stream = lesson.cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-        views = [lesson.from_dlpack(t, assumed_align=lesson.VECTOR_BYTES)
-                 for t in (x, w, y, *residual.values())]
+        views = cute_views((x, w, y, *residual.values()))
         launcher(*views[:3], x.shape[0], stream, *views[3:])
+
+
+def cute_views(tensors) -> list:
+    """CuTe views of torch tensors, no copy. A module's weight is a Parameter that requires grad
+    even under no_grad, and torch exports no such tensor through DLPack: detach() drops only the
+    flag."""
+    return [lesson.from_dlpack(t.detach(), assumed_align=lesson.VECTOR_BYTES) for t in tensors]
 
 
 @torch.library.custom_op(aot.OP_NAME, mutates_args=())

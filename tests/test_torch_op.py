@@ -269,6 +269,16 @@ def test_the_swap_keeps_the_replaced_parameter_objects():
                                                 if isinstance(m, op.CuteDSLRMSNorm)]))
 
 
+def test_a_parameter_weight_reaches_the_kernel_without_a_copy():
+    """Llama's and Qwen3's norms hand the op their Parameter, which requires grad even under
+    no_grad, and torch exports no such tensor through DLPack (on the H200 the compiled Llama and
+    Qwen3 failed there). The views are CuTe's own, on CPU tensors here: no GPU needed."""
+    w = torch.nn.Parameter(torch.ones(1024))
+    with torch.no_grad():
+        (view,) = op.cute_views([w])
+    assert view.iterator._pointer == w.data_ptr()  # CuTe's pointer: the Parameter's own memory
+
+
 def test_a_swapped_decoder_exports_with_one_op_call_per_norm():
     """Qwen3's q/k norms normalize rows of head_dim, one row per token and head."""
     model = decoder("qwen3")
