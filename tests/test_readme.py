@@ -150,15 +150,15 @@ def test_readme_test_command_is_the_one_ci_runs(readme):
     assert in_readme == in_ci, f"README runs {in_readme}, .ci/run runs {in_ci}"
 
 
-def test_run_output_shows_the_plan_the_sample_compiles(readme):
-    import rms_norm_fused_cutedsl as sample
+def test_run_output_shows_the_plan_the_lesson_compiles(readme):
+    import rms_norm_plugin_cutedsl as lesson
 
     section = re.search(r"^## Run it\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
     assert section, "README.md has no '## Run it' section"
     (output,) = [block for block in fenced_blocks(section.group(1), "") if "Inference result correct!" in block]
     dtype, hidden = re.search(r"^RMSNorm (\w+), hidden (\d+),", output, re.M).groups()
-    for line in sample.schedule_lines(int(hidden), sample.DTYPES[dtype].bytes):
-        assert line in output.splitlines(), line
+    plan = lesson.plan_kernel(int(hidden), lesson.DTYPES[dtype].bytes)
+    assert f"every token count: {plan.describe()}" in output.splitlines()
 
 
 def plan_table_row(hidden, counts, plan):
