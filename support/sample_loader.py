@@ -51,7 +51,8 @@ def load_fused(trt_module, name, lesson):
 
 def load_experiment(name):
     """Import benchmarks/experiments/<name>.py as module `name` (its main() does not run)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "experiments" / f"{name}.py")
+    path = ROOT / "benchmarks" / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
