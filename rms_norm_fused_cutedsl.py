@@ -425,39 +425,32 @@ def cluster_row_sum(plan: cutlass.Constexpr, partial, sSum, sums_in, n: cutlass.
 
 
 @cute.jit
-def add_residual(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, mS, staged, slot):
+def add_residual(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, mR, mS, staged, slot):
     """Step 1 of the residual form, second half: s = x + r, stored as S, normalized as X.
 
     The sum is rounded to X's dtype before the norm reads it, as torch and
     onnxruntime compute it, so Y is the norm of exactly the S stored. A
     staged plan also writes s over its row of sX, which Step 5 reads again.
+    Where X and R do not both fit a thread's registers (residual_by_vector),
+    each vector of R is loaded and added just before its S is stored.
     """
-    (_, tXrX), (_, tRrR) = row_inputs
-    s = tXrX.load().to(Float32) + tRrR.load().to(Float32)
-    tXrX.store(s.to(tXrX.element_type))
+    tXrX = row_inputs[0][1]
+    if cutlass.const_expr(not plan.residual_by_vector):
+        s = tXrX.load().to(Float32) + row_inputs[1][1].load().to(Float32)
+        tXrX.store(s.to(tXrX.element_type))
     if row_ok:
         for k in cutlass.range_constexpr(plan.vecs_per_thread):
             j = t + k * plan.threads_per_row
             if plan.owns(j):
+                if cutlass.const_expr(plan.residual_by_vector):
+                    tRrR = cute.make_rmem_tensor((plan.vec,), mR.element_type)
+                    cute.autovec_copy(mR[row, None, j], tRrR)
+                    sk = tXrX[None, k].load().to(Float32) + tRrR.load().to(Float32)
+                    tXrX[None, k].store(sk.to(tXrX.element_type))
                 cute.autovec_copy(tXrX[None, k], mS[row, None, j])
                 if cutlass.const_expr(plan.arrival != "registers"):
                     sX = staged[0][0]
                     cute.autovec_copy(tXrX[None, k], sX[slot, None, j])
-
-
-@cute.jit
-def add_residual_by_vector(plan: cutlass.Constexpr, t, row, row_ok, tXrX, mR, mS):
-    """add_residual where X and R do not both fit a thread's registers: each vector of R is
-    loaded, added into X's registers and stored as S at once, so one vector of R is held."""
-    if row_ok:
-        for k in cutlass.range_constexpr(plan.vecs_per_thread):
-            j = t + k * plan.threads_per_row
-            if plan.owns(j):
-                rk = cute.make_rmem_tensor((plan.vec,), mR.element_type)
-                cute.autovec_copy(mR[row, None, j], rk)
-                s = tXrX[None, k].load().to(Float32) + rk.load().to(Float32)
-                tXrX[None, k].store(s.to(tXrX.element_type))
-                cute.autovec_copy(tXrX[None, k], mS[row, None, j])
 
 
 @cute.jit
@@ -480,26 +473,21 @@ def store_staged_row(plan: cutlass.Constexpr, normalize, sX, slot, mY, row, row_
 
 @cute.kernel
 def fused_rms_norm_kernel(
-    x_ptr: cute.Pointer,
-    r_ptr: cute.Pointer | None,
-    w_ptr: cute.Pointer,
+    x_ptr: cute.Pointer, r_ptr: cute.Pointer | None, w_ptr: cute.Pointer,  # inputs
     num_tokens: Int32,
-    y_ptr: cute.Pointer,
-    s_ptr: cute.Pointer | None,
-    plan: cutlass.Constexpr,
-    epsilon: cutlass.Constexpr,
-    y_scale: cutlass.Constexpr,
+    y_ptr: cute.Pointer, s_ptr: cute.Pointer | None,  # outputs
+    plan: cutlass.Constexpr, epsilon: cutlass.Constexpr, y_scale: cutlass.Constexpr,
 ):
     # The lesson's parameter order (TensorRT's AOT launcher's): R and S are
     # None in the plain form, and then no parameters at all, so the plain
     # PTX has the lesson's parameters and the residual's are (X, R, W,
     # num_tokens, Y, S).
-    mX = row_tensor(plan, x_ptr, num_tokens)
-    mY = row_tensor(plan, y_ptr, num_tokens)
-    mW = column_tensor(plan, w_ptr)
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     row_in_cta, t, first_row = plan.thread_slot(tidx, bidx)
+    mX = row_tensor(plan, x_ptr, num_tokens)
+    mY = row_tensor(plan, y_ptr, num_tokens)
+    mW = column_tensor(plan, w_ptr)
     tXrX = thread_registers(plan, mX)
     tWrW = thread_registers(plan, mW)
     row_inputs = ((mX, tXrX),)
@@ -528,10 +516,8 @@ def fused_rms_norm_kernel(
             load_row(plan, t, row, row_ok, row_inputs, columns)  # Step 1
         else:
             unstage_row(plan, t, i, row_ok, staged, slot, row_inputs, columns)
-        if cutlass.const_expr(plan.residual_by_vector):
-            add_residual_by_vector(plan, t, row, row_ok, tXrX, mR, mS)
-        elif cutlass.const_expr(plan.residual):
-            add_residual(plan, t, row, row_ok, row_inputs, mS, staged, slot)
+        if cutlass.const_expr(plan.residual):
+            add_residual(plan, t, row, row_ok, row_inputs, mR, mS, staged, slot)
         partial = sum_of_squares(tXrX)  # Step 2
         if cutlass.const_expr(plan.cluster_ctas > 1):
             total = cluster_row_sum(plan, partial, sSum, sums_in, i, row_in_cta, t)  # Step 3

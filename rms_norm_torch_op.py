@@ -51,14 +51,15 @@ import os
 import sys
 
 try:
-    import rms_norm_plugin_cutedsl as lesson
-    import rms_norm_fused_cutedsl as fused
-    import rms_norm_aot_cutedsl as aot
+    import rms_norm_aot_cutedsl as aot  # it imports the lesson and the fused companion
 except ImportError as exc:  # the lesson's ImportError names the missing pip package
-    if __name__ != "__main__":
-        raise
-    print(f"error: {exc}", file=sys.stderr)
-    sys.exit(2)
+    # As the lesson's own guard: run as a script, one sentence and exit 2.
+    if __name__ == "__main__":
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    raise
+import rms_norm_fused_cutedsl as fused
+import rms_norm_plugin_cutedsl as lesson
 import torch
 
 from rms_norm_plugin_cutedsl import UsageError
