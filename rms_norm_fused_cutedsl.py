@@ -593,7 +593,14 @@ class RowPlan:
     few_vecs: int = 0  # few rows: vectors per thread (0: no few-token plan)
     mid: tuple = (0, 0)  # (most rows, vectors per thread) of the mid plan
     cluster: tuple = (0, 0)  # (most rows, vectors per thread) of the cluster plan
+    residual_cluster: tuple = None  # the residual forms' cluster plan, where not `cluster`
     many_ctas: int = 1  # above mid rows, a cluster of this many CTAs per row
+
+    def cluster_plan(self, residual: bool) -> tuple:
+        """(most rows, vectors per thread) of the form's cluster plan."""
+        if residual and self.residual_cluster is not None:
+            return self.residual_cluster
+        return self.cluster
 
 
 ROW_PLANS = (
@@ -614,9 +621,11 @@ ROW_PLANS = (
     RowPlan(max_row_bytes=8192, arrival="cp.async", vecs_per_thread=2,
             early_weight=True, min_cta_threads=128,
             few_vecs=2, mid=(1024, 2)),
+    # The residual forms hold X and R: over a cluster, 8 rows or fewer of 7168
+    # 16-bit values took 0.86-0.97 of the few plan's time (benchmarks/NOTES.md).
     RowPlan(max_row_bytes=15360, arrival="cp.async", vecs_per_thread=4,
             early_weight=True, min_cta_threads=128,
-            few_vecs=4, mid=(1024, 4)),
+            few_vecs=4, mid=(1024, 4), residual_cluster=(8, 4)),
     RowPlan(max_row_bytes=16384, arrival="registers", vecs_per_thread=4,
             early_weight=True, min_cta_threads=128,
             few_vecs=4, mid=(1024, 4), cluster=(32, 4), many_ctas=2),
@@ -764,8 +773,9 @@ def table_plan(hidden: int, elem_bytes: int, num_tokens: int | None,
         return vecs > 0 and math.ceil(num_vecs / vecs) <= most_threads
 
     shape = (hidden, elem_bytes)
-    if sm90 and whole and n <= line.cluster[0] and fits(line.cluster[1], MAX_CTA_THREADS):
-        return split_row(*shape, line.cluster[1], line, ctas=CLUSTER_CTAS, residual=residual)
+    cluster_rows, cluster_vecs = line.cluster_plan(residual)
+    if sm90 and whole and n <= cluster_rows and fits(cluster_vecs, MAX_CTA_THREADS):
+        return split_row(*shape, cluster_vecs, line, ctas=CLUSTER_CTAS, residual=residual)
     if n <= FEW_TOKENS and fits(line.few_vecs, MAX_CTA_THREADS // 2):
         return split_row(*shape, line.few_vecs, line, residual=residual)
     if whole and MID_TOKENS < n <= line.mid[0] and fits(line.mid[1], MAX_CTA_THREADS // 2):
@@ -816,7 +826,7 @@ def token_schedule(hidden: int, elem_bytes: int = 2, sm90: bool = True,
     fp8: the FP8 form's, where FP8_MID_ROW_BYTES gives the mid plan more counts.
     """
     line = row_plan(hidden, elem_bytes)
-    cluster_rows = line.cluster[0] if sm90 else 0
+    cluster_rows = line.cluster_plan(residual)[0] if sm90 else 0
     bounds = sorted({FEW_TOKENS, MID_TOKENS, line.mid[0], cluster_rows} - {0})
     low, high = FP8_MID_ROW_BYTES
     mid_past_its_count = fp8 and low <= hidden * elem_bytes <= high

@@ -14,6 +14,7 @@ import rms_norm_fused_cutedsl as fused
 import rms_norm_plugin_cutedsl as lesson
 from support.torch_kernel import add_rms_norm_torch, rms_norm_torch
 from test_gpu_kernel import COMBINATION_HIDDEN, COMBINATION_TOKENS, COMBINATIONS, HIDDEN, TOKENS
+from test_gpu_residual import RESIDUAL_CLUSTER_ROWS
 
 pytestmark = pytest.mark.gpu
 
@@ -116,3 +117,9 @@ def test_exact_ties_round_to_even():
     x = torch.ones(4, 8, dtype=torch.bfloat16, device="cuda")
     y = rms_norm_torch(fused, x, w.cuda(), lesson.FLT_MIN, y_scale=1.0)
     assert y.float().cpu().tolist() == [expected] * 4
+
+
+@pytest.mark.parametrize("dtype, hidden", RESIDUAL_CLUSTER_ROWS)
+@pytest.mark.parametrize("tokens", [1, 3, 8, 9])
+def test_the_residual_fp8_forms_own_cluster_plan(tokens, hidden, dtype):
+    _check(tokens, hidden, dtype, "float32", seed=tokens, residual=True)

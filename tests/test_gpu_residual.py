@@ -141,3 +141,17 @@ def test_a_bulk_mid_plan_with_w_a_vector_at_a_time(tokens, dtype):
     if fused.is_sm90(lesson.gpu_arch()):
         assert (plan.arrival, plan.weight_by_vector, plan.min_ctas_per_sm) == ("bulk", True, 2), plan
     _check(tokens, 14344, dtype, "float32", seed=tokens)
+
+
+# Rows of 12289-15360 bytes: the residual forms' own cluster plan (RowPlan.residual_cluster) serves
+# 1-8 tokens, the few plan 9+; 6152 x 16 bits is ragged over the cluster's 1024 vector slots.
+RESIDUAL_CLUSTER_ROWS = [("float16", 7168), ("bfloat16", 7168), ("float16", 6152),
+                         ("bfloat16", 7680), ("float32", 3584)]
+
+
+@pytest.mark.parametrize("dtype, hidden", RESIDUAL_CLUSTER_ROWS)
+@pytest.mark.parametrize("tokens", [1, 3, 8, 9])
+def test_the_residual_forms_own_cluster_plan(tokens, hidden, dtype):
+    elem_bytes = lesson.DTYPES[dtype].bytes
+    assert fused.plan_kernel(hidden, elem_bytes, 8, residual=True).cluster_ctas == fused.CLUSTER_CTAS
+    _check(tokens, hidden, dtype, "float32", seed=tokens)
