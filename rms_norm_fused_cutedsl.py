@@ -624,9 +624,9 @@ ROW_PLANS = (
     RowPlan(max_row_bytes=12288, arrival="cp.async", vecs_per_thread=4,
             early_weight=True, min_cta_threads=128,
             few_vecs=4, mid=(1024, 4)),
-    # The residual forms hold X and R: over a cluster, 8 rows or fewer of 7168
-    # 16-bit values took 0.86-0.97 of the few plan's time; of 5120, not less
-    # in bf16 FP8 (benchmarks/NOTES.md).
+    # The residual forms read X and R: with 8 or fewer such rows, a cluster puts
+    # 4 SMs' loads in flight on each row where the few plan has one; shorter
+    # rows did not gain from it (benchmarks/NOTES.md).
     RowPlan(max_row_bytes=15360, arrival="cp.async", vecs_per_thread=4,
             early_weight=True, min_cta_threads=128,
             few_vecs=4, mid=(1024, 4), residual_cluster=(8, 4)),
