@@ -112,8 +112,6 @@ MAX_HIDDEN = 32768  # the longest row one CTA's registers hold ([3])
 
 
 # %% [1] NumPy reference ---------------------------------------------------------
-
-
 def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarray:
     """y = x / sqrt(mean(x^2) + epsilon) * w over the last axis, in float64."""
     x64 = np.asarray(x, dtype=np.float64)
@@ -145,7 +143,6 @@ def rms_norm_reference(x: np.ndarray, w: np.ndarray, epsilon: float) -> np.ndarr
 # X), the per-column inputs (`columns`: W), the row sums (`row_sum`'s n) and
 # Step 5's math (`normalize`). rms_norm_fused_cutedsl.py adds a residual
 # row R, an FP8 Y and faster plans through the same hooks.
-
 VECTOR_BYTES = 16  # the widest global access per thread (ld.global.v4.b32)
 WARP_THREADS = 32
 MAX_CTA_THREADS = 1024  # CUDA's limit on threads per CTA
@@ -195,8 +192,6 @@ class KernelPlan:
         """Whether some thread owns fewer vectors than the others."""
         return self.num_vecs % self.threads_per_row != 0
 
-    # Index arithmetic in plain Python: the kernel runs it on Int32 values,
-    # tests/test_kernel_operands.py on ints.
     def grid(self, num_tokens):
         """CTAs for num_tokens rows (ints, Int32 values or TensorRT's symbolic sizes)."""
         return (num_tokens + self.rows_per_cta - 1) // self.rows_per_cta
@@ -281,10 +276,9 @@ def load_columns(plan: cutlass.Constexpr, t, columns, k: cutlass.Constexpr):
 def load_row(plan: cutlass.Constexpr, t, row, row_ok, row_inputs, columns):
     """Step 1: thread t's vectors of the row into registers, each after W's.
 
-    row_inputs holds (view, registers) pairs, X alone here; zeros stay where
-    the thread owns no vector. W's loads are issued first, so that ptxas may
-    keep them in flight with X's (it does where registers allow: the fused
-    companion's launch bounds buy that); [3] says where W comes later.
+    row_inputs holds (view, registers) pairs, X alone here. W's loads go
+    first, so that ptxas may keep them in flight with X's where registers
+    allow; [3] says where W comes later.
     """
     for k in cutlass.range_constexpr(plan.vecs_per_thread):
         if cutlass.const_expr(plan.weight_first):
@@ -327,9 +321,8 @@ def row_sum_buffers(plan: cutlass.Constexpr, smem, reductions: cutlass.Constexpr
 def row_sum(plan: cutlass.Constexpr, partial, sSum, n: cutlass.Constexpr, row_in_cta, t):
     """Step 3: the row's sum of `partial`, in every thread of the row.
 
-    A warp shuffle adds 32 threads' partials; lane 0 of each warp writes the
-    warp's sum to shared memory, and after one barrier every thread adds
-    those few sums itself. n counts the CTA's earlier reductions.
+    A warp shuffle, then one barrier after which every thread adds the warps'
+    sums itself. n counts the CTA's earlier reductions.
     """
     lanes = min(plan.threads_per_row, WARP_THREADS)
     total = cute.arch.warp_reduction_sum(partial, threads_in_group=lanes)
@@ -440,7 +433,6 @@ def rms_norm_kernel(
 # What a thread then holds must fit its registers; where it does not, the
 # rule takes FIT_STEPS in order, and refuses a row none of them fits. The
 # demo's 1024 fp16 values: 128 vectors, 64 threads x 2, 2 rows per CTA.
-
 VECS_PER_THREAD = 2
 MIN_CTA_THREADS = 128
 # What the rule changes, in order, while a plan's estimate is over its ceiling.
@@ -512,8 +504,6 @@ def plan_kernel(hidden: int, elem_bytes: int = 2) -> KernelPlan:
 # Compiled in: the dtypes, epsilon, 16-byte alignment and the plan. At run
 # time: the addresses, num_tokens and the stream, so one compiled launcher
 # serves every token count of the engine's profile.
-
-
 @cute.jit
 def rms_norm_launch(
     mX: cute.Tensor,
@@ -527,21 +517,6 @@ def rms_norm_launch(
     kernel = rms_norm_kernel(mX.iterator, mW.iterator, num_tokens, mY.iterator, plan, epsilon)
     kernel.launch(grid=[plan.grid(num_tokens), 1, 1], block=[plan.cta_threads, 1, 1],
                   stream=stream)
-
-
-def validate_arch(arch: str) -> str:
-    """arch, if it is a CuteDSL compile target such as "sm_80" or "sm_90a", else ValueError."""
-    if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
-        raise ValueError("arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', "
-                         f"got {arch!r}")
-    return arch
-
-
-def gpu_arch() -> str:
-    """The current GPU's target, e.g. "sm_90a" (the "a": Hopper's own instructions)."""
-    major, minor = torch.cuda.get_device_capability()
-    suffix = "a" if major >= 9 else ""
-    return f"sm_{major}{minor}{suffix}"
 
 
 def fake_tensor(dtype: str, shape: tuple):
@@ -600,8 +575,6 @@ def compile_rms_norm(dtype: str, hidden: int, epsilon: float = DEFAULT_EPSILON,
 # enqueue() gets device addresses as plain integers. Three hops make one a
 # CuTe tensor without copying a byte; each library only describes memory
 # that TensorRT keeps owning.
-
-
 def cute_tensor_from_pointer(address: int, shape: tuple, dtype: str, device_id: int):
     """Wrap a device address TensorRT owns as a CuTe tensor (no copy, no sync)."""
     if address % VECTOR_BYTES:
@@ -644,7 +617,6 @@ def wrap_buffers(addresses, dtypes: dict, hidden: int, num_tokens: int, device_i
 # dtypes, shapes, formats and the fields to store in the engine. At run time
 # the creator remakes the plugin from those fields, TensorRT attaches it to
 # an execution context, calls on_shape_change, then enqueue.
-
 PLUGIN_NAME = "RmsNormPlugin"
 # An engine finds its creator by name, version and namespace. Bump the version
 # only where an engine saved before could not be served any more.
@@ -703,6 +675,14 @@ def validate_dtypes(dtype: str, w_dtype: str):
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
+def validate_arch(arch: str) -> str:
+    """arch, if it is a CuteDSL compile target such as "sm_80" or "sm_90a", else ValueError."""
+    if not isinstance(arch, str) or arch not in cutlass.base_dsl.Arch.__members__:
+        raise ValueError("arch must be a CuteDSL compile target such as 'sm_80' or 'sm_90a', "
+                         f"got {arch!r}")
+    return arch
+
+
 def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
     """The name in `allowed` of a TensorRT dtype, or a ValueError."""
     for dtype in allowed:
@@ -713,11 +693,8 @@ def dtype_name(trt_type, tensor: str, allowed: tuple) -> str:
 
 
 def plugin_fields(values: dict):
-    """(fields, the arrays they point into) of {name: np.float32 or np.int32 array}.
-
-    A trt.PluginField does not own its buffer, so the caller must keep the
-    arrays alive as long as TensorRT may read the fields.
-    """
+    """(fields, the arrays they point into) of {name: np.float32 or np.int32 array}; a
+    PluginField does not own its buffer, so the caller keeps the arrays alive."""
     require_tensorrt()  # plugin_network starts here
     types = {np.float32: trt.PluginFieldType.FLOAT32, np.int32: trt.PluginFieldType.INT32}
     fields = trt.PluginFieldCollection([
@@ -841,11 +818,8 @@ class RmsNormPlugin(trt.IPluginV3, trt.IPluginV3OneCore,
         launch(num_tokens, cu_stream)
 
     def _bind_buffers(self, addresses, num_tokens):
-        """enqueue's handoff ([5]): the launcher bound to these buffers, called as (n, stream).
-
-        The tensors wrapped at one token count serve every count: the
-        launcher takes the count as an argument.
-        """
+        """enqueue's handoff ([5]): the launcher bound to these buffers, called as (n, stream);
+        tensors wrapped at one token count serve every count."""
         tensors = wrap_buffers(addresses, self._dtypes(), self._io[1], num_tokens, self._device)
         return functools.partial(self._kernel, tensors["X"], tensors["W"], tensors["Y"])
 
@@ -918,11 +892,8 @@ _CREATOR = None
 
 
 def register_creator():
-    """Put the creator in TensorRT's registry, unless one is there; return the registered one.
-
-    Call it before building a network or loading an engine: an engine
-    stores only the plugin's name, version, namespace and fields.
-    """
+    """Put the creator in TensorRT's registry unless one is there; return the registered one.
+    Call it before a build or an engine load: an engine names its plugin, it does not hold it."""
     global _CREATOR
     require_tensorrt()
     registry = trt.get_plugin_registry()
@@ -936,10 +907,7 @@ def register_creator():
 # %% [7] The engine, built with Polygraphy ------------------------------------------
 # X [num_tokens, hidden] and W [hidden] are network inputs: num_tokens is
 # dynamic over the profile, hidden is static, and the network is strongly
-# typed (TensorRT 11 has no other kind). A UsageError is the user's to fix;
-# a TensorRTError is TensorRT refusing a step, with the reason in its log.
-
-
+# typed (TensorRT 11 has no other kind).
 class UsageError(Exception):
     """A problem the user can fix; main() prints it as one sentence, exits 2."""
 
@@ -950,10 +918,7 @@ class TensorRTError(RuntimeError):
 
 @contextlib.contextmanager
 def tensorrt_stage(stage: str):
-    """Any failure in a TensorRT step as a TensorRTError naming the step.
-
-    TensorRT logs its own reason as an '[E]' line; the message points there.
-    """
+    """Any failure in a TensorRT step as a TensorRTError naming the step and TensorRT's log."""
     try:
         yield
     except (UsageError, TensorRTError):
@@ -972,12 +937,9 @@ def io_shapes(hidden: int, dtypes: dict) -> dict:
 
 
 def one_plugin_network(creator, values: dict, inputs: dict, outputs: tuple):
-    """((builder, network), plugin): one plugin layer made by `creator` from the field
-    values, the network's inputs ({name: (dtype, shape)}) its inputs, `outputs` its outputs.
-
-    The plugin comes from the registered creator, as the ONNX parser gets it,
-    so both ways of building go through create_plugin.
-    """
+    """((builder, network), plugin): one layer of the plugin `creator` makes from the field
+    values, inputs {name: (dtype, shape)} in, `outputs` out. The registered creator makes it,
+    as for the ONNX parser, so both ways of building go through create_plugin."""
     from polygraphy.backend.trt import create_network
 
     with tensorrt_stage("network definition"):
@@ -1003,10 +965,7 @@ def plugin_network(hidden: int, dtype: str, epsilon: float, w_dtype: str):
 
 
 def build_from_network(network, shapes: dict):
-    """The engine, with one optimization profile.
-
-    shapes maps each dynamic input to its (min, opt, max) shapes.
-    """
+    """The engine, with one optimization profile: shapes {dynamic input: (min, opt, max)}."""
     from polygraphy.backend.trt import CreateConfig, Profile, engine_from_network
 
     profile = Profile()
@@ -1079,10 +1038,8 @@ def report(num_tokens: int, ok: bool, err: float, note: str = "") -> bool:
 
 
 def run_and_check(engine, token_counts, hidden, dtype, epsilon, seed, w_dtype="float32") -> bool:
-    """Run each token count through one context and compare Y with NumPy.
-
-    The buffers and the stream are torch's, as in an application.
-    """
+    """Run each token count through one context, on torch's buffers and stream as an
+    application would, and compare Y with NumPy."""
     context = engine.create_execution_context()
     stream = torch.cuda.Stream()
     all_ok = True
@@ -1175,6 +1132,13 @@ def validate_args(parser: argparse.ArgumentParser,
     return args
 
 
+def gpu_arch() -> str:
+    """The current GPU's target, e.g. "sm_90a" (the "a": Hopper's own instructions)."""
+    major, minor = torch.cuda.get_device_capability()
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
 def check_environment():
     """UsageError unless a usable GPU, TensorRT and Polygraphy are present."""
     if not torch.cuda.is_available():
@@ -1207,10 +1171,8 @@ def build_engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, make_engine, check, title: str = "RMSNorm") -> int:
-    """Check the environment, make_engine(args), check(engine, counts, args): the exit code.
-
-    It runs the main token count, the profile's edges and an odd count.
-    """
+    """Check the environment, make_engine(args), check(engine, counts, args) at the main token
+    count, the profile's edges and an odd count: the exit code."""
     low = args.min_tokens
     high = args.max_tokens
     # An odd count tests the tail: a last CTA with fewer rows than it takes.
