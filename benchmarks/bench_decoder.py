@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_records import fused_record, interleaved_rounds, peer_ratio  # noqa: E402
-from bench_rms_norm import (current_stream, cute_tensors, graph_calls, graph_timer,  # noqa: E402
-                            out_dir, package_version, parse_list, parse_shapes)
+from bench_rms_norm import (current_stream, cute_tensors, graph_timer, out_dir,  # noqa: E402
+                            package_version, parse_list, parse_shapes)
 
 EPS = 1e-5
 DTYPE_NAMES = ("float16", "bfloat16")
@@ -55,6 +55,8 @@ DECODER_HIDDENS = (2048, 4096, 5120, 8192, 16384)
 COLUMNS = {"fused": "fused (this)", "add_plain": "add + plain", "flashinfer": "FlashInfer fused",
            "torch_compile": "torch.compile fused", "floor": "floor (2 copies)"}
 COLD_BYTES = 256 << 20  # bytes moved between two uses of a buffer set: 5x the H200's 50 MB L2
+# A graph of one call per set: more calls take seconds to capture.
+MAX_BUFFER_SETS = 16384
 
 
 def add_then_norm(x, r, w):
@@ -96,13 +98,13 @@ def load_flashinfer():
 
 
 def buffer_sets(tokens, hidden, element_bytes=8) -> int:
-    """How many sets of buffers one graph cycles through: enough that a call's inputs are not still
-    in L2 from the last call on them (COLD_BYTES between two uses), as in a decoder, where the GEMMs
-    between two norms evict them; at most one a call of the graph. element_bytes: what a call moves
-    per element of X (8: the fused form's four 16-bit tensors)."""
-    per_graph, _ = graph_calls(tokens, hidden)
+    """How many sets of buffers one graph cycles through, a call each: enough that a call's inputs
+    are not still in L2 from the last call on them (COLD_BYTES between two uses), as in a decoder,
+    where the GEMMs between two norms evict them. element_bytes: what a call moves per element of X
+    (8: the fused form's four 16-bit tensors). At most MAX_BUFFER_SETS: calls of under 16 KB (1 x
+    512 fp16) come back to a set sooner."""
     call_bytes = element_bytes * tokens * hidden
-    return max(1, min(per_graph, math.ceil(COLD_BYTES / call_bytes)))
+    return max(1, min(MAX_BUFFER_SETS, math.ceil(COLD_BYTES / call_bytes)))
 
 
 def cycling(calls):
@@ -210,7 +212,7 @@ def shape_timers(kernel, dtype, tokens, hidden, flashinfer):
     timers, wrong = {}, {}
     for name, make in makers.items():
         calls, wrong[name] = checked_calls(make, sets, check)
-        timers[name] = graph_timer(cycling(calls), tokens, hidden)
+        timers[name] = graph_timer(cycling(calls), tokens, hidden, len(calls))
     return timers, wrong, keep
 
 

@@ -194,7 +194,7 @@ def time_cell(form_name, kernel, dtype, tokens, hidden, compiled, flashinfer, ro
         make, check = columns[name]
         try:
             calls, wrong[name] = checked_calls(make, sets, check)
-            timers[name, "cold"] = graph_timer(cycling(calls), tokens, hidden)
+            timers[name, "cold"] = graph_timer(cycling(calls), tokens, hidden, len(calls))
             timers[name, "warm"] = graph_timer(calls[0], tokens, hidden)
         except Exception as exc:  # a peer that fails leaves its column empty, not the sweep
             if name == form.kernel:

@@ -305,7 +305,7 @@ def form_timers(form, cell):
     for name, make in makers.items():
         try:
             calls, what = checked_calls(make, sets, functools.partial(check, name))
-            timers[name] = graph_timer(cycling(calls), cell.tokens, cell.hidden)
+            timers[name] = graph_timer(cycling(calls), cell.tokens, cell.hidden, len(calls))
             wrong[name] = what
         except Exception as exc:  # a peer that fails leaves its column empty, not the table
             if name == "fp8":

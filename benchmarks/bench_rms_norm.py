@@ -68,17 +68,18 @@ def torch_reference(x, w):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w).to(x.dtype)
 
 
-def graph_calls(tokens, hidden):
+def graph_calls(tokens, hidden, at_least=1):
     """(calls captured per graph, graph replays per timing): about 4000 calls, or enough to fill
-    milliseconds."""
-    per_graph = max(2, min(200, (1 << 24) // max(1, tokens * hidden)))
+    milliseconds; at least `at_least` calls a graph, so that a graph cycling through that many
+    buffer sets calls each one."""
+    per_graph = max(2, at_least, min(200, (1 << 24) // max(1, tokens * hidden)))
     return per_graph, max(3, min(50, 4000 // per_graph))
 
 
-def graph_timer(fn, tokens, hidden):
-    """Capture many calls of fn in a CUDA graph; return a function timing one round of its replays
-    (us per call)."""
-    per_graph, replays = graph_calls(tokens, hidden)
+def graph_timer(fn, tokens, hidden, at_least=1):
+    """Capture many calls of fn (at least `at_least`) in a CUDA graph; return a function timing one
+    round of its replays (us per call)."""
+    per_graph, replays = graph_calls(tokens, hidden, at_least)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for _ in range(3):

@@ -12,6 +12,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_decoder  # noqa: E402
+import bench_rms_norm  # noqa: E402
 import bench_quantized as bq  # noqa: E402
 
 BENCH = ROOT / "benchmarks" / "bench_quantized.py"
@@ -110,11 +111,21 @@ def test_the_check_passes_torch_compiles_formula_on_the_cpu(fused_standin):
     assert found == "S differs from x + r at 1 elements"
 
 
-def test_a_form_moving_fewer_bytes_cycles_through_more_sets_where_a_graph_is_short():
+def test_a_form_moving_fewer_bytes_cycles_through_more_sets():
     assert bench_decoder.buffer_sets(16384, 4096) == 1  # the decoder's 8 bytes an element
     assert bench_decoder.buffer_sets(16384, 4096, bq.FORM_ELEMENT_BYTES["residual"]) == 1
     assert bench_decoder.buffer_sets(16384, 4096, bq.FORM_ELEMENT_BYTES["plain"]) == 2
-    assert bench_decoder.buffer_sets(1, 2048, bq.FORM_ELEMENT_BYTES["plain"]) == 200  # a call each
+
+
+def test_small_calls_come_back_to_a_set_after_256_mib_not_after_a_graph_of_200_calls():
+    """L2 cold means 256 MiB moved between two uses of a set. A graph of 200 calls of 64 x 512 (the
+    fused form: 4 tensors of 64 KiB) came back after 51 MiB, about the H200's L2: the fused form's 4
+    tensors spilled while an in-place peer's 2 stayed, and such cells read as L2 cold."""
+    assert bench_decoder.buffer_sets(64, 512) == 1024  # 256 MiB / 256 KiB
+    assert bench_decoder.buffer_sets(32, 896) == 1171  # 256 MiB / 224 KiB, rounded up
+    assert bench_decoder.buffer_sets(1, 512) == 16384  # 65536 wanted; a graph that long is the cap
+    per_graph, replays = bench_rms_norm.graph_calls(64, 512, at_least=1024)
+    assert per_graph == 1024 and replays == 3  # each set called once a replay
 
 
 def records():
