@@ -68,7 +68,7 @@ def timers(dtype, tokens, hidden, specs, residual, flashinfer):
             extra = tensors[3:] if residual else []
             calls.append(lambda t=tensors, e=extra, f=launcher: f(*t[:3], tokens, current_stream(),
                                                                     *e))
-        out[f"{spec} ({plan})"] = graph_timer(cycling(calls), tokens, hidden)
+        out[f"{spec} ({plan})"] = graph_timer(cycling(calls), tokens, hidden, len(calls))
     if flashinfer is not None:
         calls = []
         for x, r in sets:
@@ -80,7 +80,7 @@ def timers(dtype, tokens, hidden, specs, residual, flashinfer):
                 calls.append(lambda y=y, x=x, r=ri: peer(y, x, r, w_lp, scale, EPS))
             else:
                 calls.append(lambda y=y, x=x: flashinfer["plain"](y, x, w_lp, scale, EPS))
-        out["flashinfer"] = graph_timer(cycling(calls), tokens, hidden)
+        out["flashinfer"] = graph_timer(cycling(calls), tokens, hidden, len(calls))
     return out, keep
 
 

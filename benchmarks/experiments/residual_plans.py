@@ -81,7 +81,7 @@ def timer(plan, tokens, hidden):
             kernel(fx, fw, fy, tokens, current_stream(), fr, fs)
 
         calls.append(call)
-    return graph_timer(cycling(calls), tokens, hidden), keep
+    return graph_timer(cycling(calls), tokens, hidden, len(calls)), keep
 
 
 def hidden_sizes(text: str) -> list:
