@@ -55,7 +55,8 @@ DECODER_HIDDENS = (2048, 4096, 5120, 8192, 16384)
 COLUMNS = {"fused": "fused (this)", "add_plain": "add + plain", "flashinfer": "FlashInfer fused",
            "torch_compile": "torch.compile fused", "floor": "floor (2 copies)"}
 COLD_BYTES = 256 << 20  # bytes moved between two uses of a buffer set: 5x the H200's 50 MB L2
-# A graph of one call per set: more calls take seconds to capture.
+# Each set is one call captured in the graph, its buffers made and its output checked first:
+# the cap bounds that work at the smallest shapes.
 MAX_BUFFER_SETS = 16384
 
 

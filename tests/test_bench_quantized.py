@@ -115,6 +115,7 @@ def test_a_form_moving_fewer_bytes_cycles_through_more_sets():
     assert bench_decoder.buffer_sets(16384, 4096) == 1  # the decoder's 8 bytes an element
     assert bench_decoder.buffer_sets(16384, 4096, bq.FORM_ELEMENT_BYTES["residual"]) == 1
     assert bench_decoder.buffer_sets(16384, 4096, bq.FORM_ELEMENT_BYTES["plain"]) == 2
+    assert bench_decoder.buffer_sets(1, 2048, bq.FORM_ELEMENT_BYTES["plain"]) == 16384  # the cap
 
 
 def test_small_calls_come_back_to_a_set_after_256_mib_not_after_a_graph_of_200_calls():
