@@ -55,8 +55,8 @@ DECODER_HIDDENS = (2048, 4096, 5120, 8192, 16384)
 COLUMNS = {"fused": "fused (this)", "add_plain": "add + plain", "flashinfer": "FlashInfer fused",
            "torch_compile": "torch.compile fused", "floor": "floor (2 copies)"}
 COLD_BYTES = 256 << 20  # bytes moved between two uses of a buffer set: 5x the H200's 50 MB L2
-# Each set is one call captured in the graph, its buffers made and its output checked first:
-# the cap bounds that work at the smallest shapes.
+# Each set is one call captured in the graph, with buffers of its own: the cap bounds the memory
+# and the capture at the smallest shapes.
 MAX_BUFFER_SETS = 16384
 
 

@@ -120,7 +120,7 @@ def test_a_form_moving_fewer_bytes_cycles_through_more_sets():
 
 def test_small_calls_come_back_to_a_set_after_256_mib_not_after_a_graph_of_200_calls():
     """L2 cold means 256 MiB moved between two uses of a set. A graph of 200 calls of 64 x 512 (the
-    fused form: 4 tensors of 64 KiB) came back after 51 MiB, about the H200's L2: the fused form's 4
+    fused form: 4 tensors of 64 KiB) came back after 50 MiB, about the H200's L2: the fused form's 4
     tensors spilled while an in-place peer's 2 stayed, and such cells read as L2 cold."""
     assert bench_decoder.buffer_sets(64, 512) == 1024  # 256 MiB / 256 KiB
     assert bench_decoder.buffer_sets(32, 896) == 1171  # 256 MiB / 224 KiB, rounded up
