@@ -35,12 +35,13 @@ from the largest down, the token dimension marked dynamic, so one graph tuned at
     python3 benchmarks/plot_sweep.py DIR/sweep_residual.json   # DIR/sweep_residual_sweep.svg
 
 A table is 640 cells (16 token counts x 10 hidden sizes x 2 dtypes x 2 L2 states) of 3 columns.
-It took about 3 minutes on an H200 when graphs held at most 200 buffer sets (NOTES); small shapes
-now capture up to 16384 calls a graph, so expect longer (the progress lines print the times, per
-hidden size, compiles included). Results go to DIR/NAME.md (a grid of ratios per dtype and L2
-state, the summary: cells at or ahead, within 1 %, behind, the worst cells) and DIR/NAME.json (one
-record a cell and L2 state, every column's rounds), default ./bench-results/sweep_FORM.*, rewritten
-after every hidden size, so an interrupted run keeps what it timed.
+It took about 3 minutes on an H200 when graphs held at most 200 buffer sets; small shapes now
+capture up to 16384 calls a graph, and a table took 6-7 minutes on an H100 (NOTES; the progress
+lines print the times, per hidden size, compiles included). Results go to DIR/NAME.md (a grid of
+ratios per dtype and L2 state, the summary: cells at or ahead, within 1 %, behind, the worst cells)
+and DIR/NAME.json (one record a cell and L2 state, every column's rounds), default
+./bench-results/sweep_FORM.*, rewritten after every hidden size, so an interrupted run keeps what
+it timed.
 """
 
 import argparse
