@@ -114,3 +114,13 @@ def test_the_plain_benchmark_times_the_lesson_beside_the_companion(tmp_path):
     row = next(line for line in lines if line.startswith("| float16 | 128x1024 |")).split(" | ")
     assert "the lesson" in header and "this / lesson" in header
     assert float(row[header.index("this / lesson")]) > 0.0
+
+
+def test_fused_plans_checks_and_times_the_residual_forms_plans():
+    """The own plan and a spec, checked (exit 0: Y and S right) and timed against FlashInfer."""
+    proc = subprocess.run([sys.executable, str(EXPERIMENTS / "fused_plans.py"), "--residual",
+                           "--dtype", "float16", "--shapes", "512x4096", "--plans", "own,t64k8s",
+                           "--rounds", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    timed = [line.split(" (")[0] for line in proc.stdout.splitlines() if " us" in line]
+    assert timed[:2] == ["512x4096 float16 own", "512x4096 float16 t64k8s"]
