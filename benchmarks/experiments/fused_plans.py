@@ -9,9 +9,12 @@ norm (residual: 8 an element, read X and R, write S and Y; FP8: Y one byte an el
 that wins differs. Each plan of the fused companion's kernel (rms_norm_fused_cutedsl.py;
 time_plans.py's spec: tTkK[s][b][l][rR][qQ][cC][mM], or "own" for the schedule's plan at that
 count) is compiled in the form timed and run by CUDA-graph replay, cycling through L2-cold buffer
-sets as bench_decoder.py does. Each plan's output is checked once before it is timed (16-bit Y
-against the float64 norm, S bit for bit; an output off is timed all the same, marked *, and the
-script then exits 1). Each line gives a median over rounds, and of time / FlashInfer.
+sets as bench_decoder.py does. Each plan's first output is checked before it is timed, as the
+tables check it: a 16-bit Y against the float64 norm within the lesson's Y_TOLERANCE, an FP8 Y_q
+against the FP8 of that norm (one rounding), S bit for bit. An output off is timed all the same,
+marked *, and the script then exits 1. FlashInfer's output is not checked here; the tables
+(bench_decoder.py, bench_quantized.py) check it. Each line gives a plan's median time over rounds
+and the median of its per-round time / FlashInfer.
 
     python3 benchmarks/experiments/fused_plans.py --residual --shapes 512x4096 --plans own,t64k8s
     python3 benchmarks/experiments/fused_plans.py --fp8 --shapes 16384x4096 --plans own,t128k4
@@ -77,6 +80,18 @@ def peer_call(peer, fp8, residual, x, r, w_lp, scale, keep):
     return lambda: peer(y, x, w_lp, scale, EPS)
 
 
+def output_misses(args, y, s, x, r, w) -> str:
+    """What a plan's first output got wrong ('' if nothing): bench_decoder.py's check of a 16-bit
+    Y, bench_quantized.py's of an FP8 Y_q."""
+    if not args.fp8:
+        return bench_decoder.misses(y, s, x, r, w, Y_TOLERANCE[args.dtype])
+    expected_s = x + r if args.residual else None
+    ref = bench_decoder.norm_of(x if expected_s is None else expected_s, w)
+    outputs = (y, s) if args.residual else (y,)
+    return bench_quantized.misses(outputs, ref, expected_s, fused.quantize_reference,
+                                  bench_quantized.SINGLE_ROUNDING)
+
+
 def timers(args, tokens, hidden, peer):
     """{column: timer} for the plans and FlashInfer at one shape, and the buffers they use."""
     dtype, fp8, residual = args.dtype, args.fp8, args.residual
@@ -94,20 +109,19 @@ def timers(args, tokens, hidden, peer):
     for spec in args.plans:
         plan = plan_of(spec, hidden, elem_bytes, tokens, residual)
         launcher = launcher_of(plan, dtype, fp8)
-        calls = []
+        calls, outputs = [], []
         for x, r in sets:
             y = torch.empty_like(x, dtype=torch.float8_e4m3fn if fp8 else tdt)
             s = torch.empty_like(x)
-            keep.append((y, s))
+            outputs.append((y, s))
             tensors = cute_tensors(x, w, y, r, s)
             extra = tensors[3:] if residual else []
             calls.append(lambda t=tensors, e=extra, f=launcher: f(*t[:3], tokens, current_stream(),
                                                                     *e))
+        keep.append(outputs)
         calls[0]()
         torch.cuda.synchronize()
-        x, r = sets[0]
-        y, s = keep[-len(sets)]
-        off = "" if fp8 else bench_decoder.misses(y, s, x, r, w, Y_TOLERANCE[dtype])
+        off = output_misses(args, *outputs[0], *sets[0], w)
         out[f"{spec} ({plan}){' *' if off else ''}"] = graph_timer(cycling(calls), tokens, hidden,
                                                                     len(calls))
     if peer is not None:

@@ -1,0 +1,66 @@
+"""CPU: benchmarks/experiments/fused_plans.py's check of a plan's first output, which decides
+whether the plan's time is marked * and the script exits 1, passes a right output and catches a
+wrong one.
+
+The right outputs are built here from the float64 formula with torch alone (not from the kernel or
+the check): S = x + r in X's dtype, Y = S * rsqrt(mean(S^2) + 1e-5) * W rounded once to fp16, Y_q
+= the E4M3 cast of Y / 2^-6 clamped to E4M3's range.
+"""
+
+import argparse
+
+import pytest
+import torch
+
+from conftest import load_experiment
+
+EPS = 1e-5
+Y_SCALE = 2.0**-6
+
+
+@pytest.fixture(scope="module")
+def fused_plans():
+    return load_experiment("fused_plans")
+
+
+def inputs(tokens=4, hidden=256):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=gen).half()
+    r = torch.randn(tokens, hidden, generator=gen).half()
+    w = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16).float()
+    return x, r, w
+
+
+def norm64(s, w):
+    sd = s.double()
+    return sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+
+
+def args(fp8, residual=True):
+    return argparse.Namespace(fp8=fp8, residual=residual, dtype="float16")
+
+
+def test_a_right_16_bit_output_passes_and_a_wrong_y_or_s_is_named(fused_plans):
+    x, r, w = inputs()
+    s = x + r
+    y = norm64(s, w).half()
+    assert fused_plans.output_misses(args(False), y, s, x, r, w) == ""
+    wrong_y = y.clone()
+    wrong_y[1, 7] *= 1.01
+    assert "1 elements of Y" in fused_plans.output_misses(args(False), wrong_y, s, x, r, w)
+    wrong_s = s.clone()
+    wrong_s[0, 0] += 1
+    assert "S differs" in fused_plans.output_misses(args(False), y, wrong_s, x, r, w)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_right_fp8_output_passes_and_a_wrong_y_q_is_named(fused_plans, residual):
+    x, r, w = inputs()
+    s = x + r if residual else torch.empty_like(x)  # the plain form leaves S alone
+    ref = norm64(x + r if residual else x, w)
+    y_q = (ref / Y_SCALE).float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert fused_plans.output_misses(args(True, residual), y_q, s, x, r, w) == ""
+    wrong = y_q.float()
+    wrong[2, 3] = -wrong[2, 3] + 1
+    wrong = wrong.to(torch.float8_e4m3fn)
+    assert "Y_q" in fused_plans.output_misses(args(True, residual), wrong, s, x, r, w)
