@@ -1,6 +1,6 @@
 """CPU: benchmarks/experiments/fused_plans.py's check of a plan's first output, which decides
 whether the plan's time is marked * and the script exits 1, passes a right output and catches a
-wrong one.
+wrong one; and a command line it cannot serve is refused in one line (exit 2) before any GPU work.
 
 The right outputs are built here from the float64 formula with torch alone (not from the kernel or
 the check): S = x + r in X's dtype, Y = S * rsqrt(mean(S^2) + 1e-5) * W rounded once to fp16, Y_q
@@ -64,3 +64,19 @@ def test_a_right_fp8_output_passes_and_a_wrong_y_q_is_named(fused_plans, residua
     wrong[2, 3] = -wrong[2, 3] + 1
     wrong = wrong.to(torch.float8_e4m3fn)
     assert "Y_q" in fused_plans.output_misses(args(True, residual), wrong, s, x, r, w)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--residual", "--shapes", "512x4096", "--plans", "own,bogus"], "plan 'bogus' is not of"),
+    (["--residual", "--shapes", "512x4096", "--plans", "t8k8s"], "covers 512 elements"),
+    (["--fp8", "--shapes", "512x40000"], "hidden must be in [1, 32768]"),
+    (["--residual", "--shapes", "512x4096", "--rounds", "0"], "--rounds must be at least 1"),
+    (["--shapes", "512x4096"], "time_plans.py --plans"),
+])
+def test_a_command_line_that_cannot_be_served_is_refused_in_one_line(fused_plans, capsys, argv,
+                                                                      why):
+    with pytest.raises(SystemExit) as exit_:
+        fused_plans.arguments(argv)
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, "")
+    assert why in err.splitlines()[-1] and "Traceback" not in err

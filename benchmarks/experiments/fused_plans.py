@@ -130,8 +130,8 @@ def timers(args, tokens, hidden, peer):
     return out, keep
 
 
-def arguments():
-    """The command line, checked."""
+def arguments(argv=None):
+    """The command line, checked before any GPU work: a user's error ends here (exit 2)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", required=True, metavar="NxH,...")
     parser.add_argument("--plans", default="own", metavar="SPEC,...")
@@ -139,13 +139,24 @@ def arguments():
     parser.add_argument("--residual", action="store_true", help="the residual form")
     parser.add_argument("--fp8", action="store_true", help="Y as FP8 E4M3")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not (args.residual or args.fp8):
         parser.error("the plain 16-bit form's plans are timed by time_plans.py --plans")
     args.shapes = parse_shapes(args.shapes)
     if args.shapes is None:
         parser.error("--shapes takes TOKENSxHIDDEN,...")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     args.plans = args.plans.split(",")
+    elem_bytes = fused.DTYPES[args.dtype].bytes
+    try:
+        for tokens, hidden in args.shapes:
+            for spec in args.plans:
+                plan_of(spec, hidden, elem_bytes, tokens, args.residual)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible: the plans are timed on one")
     return args
 
 
