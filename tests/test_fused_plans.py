@@ -3,8 +3,9 @@ whether the plan's time is marked * and the script exits 1, passes a right outpu
 wrong one; and a command line it cannot serve is refused in one line (exit 2) before any GPU work.
 
 The right outputs are built here from the float64 formula with torch alone (not from the kernel or
-the check): S = x + r in X's dtype, Y = S * rsqrt(mean(S^2) + 1e-5) * W rounded once to fp16, Y_q
-= the E4M3 cast of Y / 2^-6 clamped to E4M3's range.
+the check): S = x + r in X's dtype, N = S * rsqrt(mean(S^2) + 1e-5) * W in float64 (of x alone in
+the plain FP8 form), Y = N rounded once to fp16, Y_q = the E4M3 cast of N / 2^-6 clamped to E4M3's
+range (cast through fp32).
 """
 
 import argparse
